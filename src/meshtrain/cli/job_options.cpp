@@ -1,0 +1,49 @@
+// job_options.cpp — shared job flags, config + identity + mesh loading, and the mesh log lines.
+#include "meshtrain/cli/job_options.hpp"
+
+#include "meshtrain/common/log.hpp"
+#include "meshtrain/mesh/mesh_config.hpp"
+
+#include <filesystem>
+
+namespace meshtrain::cli {
+
+void add_job_options(CLI::App& app, JobOptions& options) {
+  app.add_option("--devices-per-host", options.host_flags.devices_per_host,
+                 "devices on this host (virtual CPU devices: worker threads); default $MESHTRAIN_DEVICES_PER_HOST or 1");
+  app.add_option("--nnodes", options.host_flags.nnodes, "number of hosts in the job");
+  app.add_option("--node-rank", options.host_flags.node_rank, "this host's index in [0, nnodes)");
+  app.add_option("--master-addr", options.host_flags.master_addr, "address of host 0 (the coordinator)");
+  app.add_option("--master-port", options.host_flags.master_port, "coordinator port on host 0");
+  app.add_option("--config-dir", options.config_dir, "folder with defaults.yaml and config groups");
+  app.add_option("overrides", options.overrides, "config overrides: key=value, group=name (e.g. ici_mesh.fsdp=4)");
+}
+
+Job load_job(const JobOptions& options) {
+  std::filesystem::path dir =
+      options.config_dir.empty() ? config::default_config_dir() : std::filesystem::path(options.config_dir);
+  config::Config config = config::Config::load(dir, options.overrides);
+  log::set_level(log::parse_level(config.get_string("log_level")));
+  runtime::HostIdentity identity = runtime::resolve_host_identity(options.host_flags);
+  mesh::Mesh mesh = mesh::mesh_from_config(config, identity.hosts, identity.devices_per_host);
+  return Job{std::move(config), std::move(identity), std::move(mesh)};
+}
+
+void log_mesh(const mesh::Mesh& mesh) {
+  log::info("Logical mesh shape: {}", mesh.shape_string());
+  log::info("Logical mesh device assignments: {}", mesh.assignments_string());
+  log::info("Mesh: ici_mesh {} per slice x dcn_mesh {} slices; {} hosts x {} devices per host",
+            mesh.ici().equation(), mesh.dcn().equation(), mesh.hosts(), mesh.devices_per_host());
+  log::block(mesh.device_table());
+}
+
+void log_and_save_config(const config::Config& config, int host) {
+  log::info("Resolved config:\n{}", config.to_yaml());
+  if (host != 0) return;
+  std::filesystem::path path =
+      std::filesystem::path(config.get_string("output_dir")) / config.get_string("run_name") / "config.yaml";
+  config.save(path);
+  log::info("Resolved config saved to {}", path.string());
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,189 @@
+// comm.cpp — Comm's backends (solo, and any c10d ProcessGroup) and the collective counters.
+#include "meshtrain/runtime/comm.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace meshtrain::runtime {
+
+const char* collective_name(Collective kind) {
+  switch (kind) {
+    case Collective::allreduce: return "allreduce";
+    case Collective::allgather: return "allgather";
+    case Collective::broadcast: return "broadcast";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_to_all: return "all_to_all";
+    case Collective::barrier: return "barrier";
+  }
+  return "?";
+}
+
+void CollectiveCounters::record(Collective kind, int64_t bytes) {
+  calls_[static_cast<int>(kind)].fetch_add(1);
+  bytes_[static_cast<int>(kind)].fetch_add(bytes);
+}
+
+int64_t CollectiveCounters::total_calls() const {
+  int64_t n = 0;
+  for (const auto& c : calls_) n += c.load();
+  return n;
+}
+
+int64_t CollectiveCounters::total_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : bytes_) n += b.load();
+  return n;
+}
+
+std::string CollectiveCounters::summary() const {
+  std::string out;
+  for (int k = 0; k < kNumCollectives; ++k) {
+    int64_t calls = calls_[k].load();
+    if (calls == 0) continue;
+    out += fmt::format("{}{} {} call{} {} B", out.empty() ? "" : ", ", collective_name(static_cast<Collective>(k)),
+                       calls, calls == 1 ? "" : "s", bytes_[k].load());
+  }
+  return out.empty() ? "none" : out;
+}
+
+// The operations a Comm forwards to; inputs are validated by Comm.
+class CommBackend {
+ public:
+  virtual ~CommBackend() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void allreduce_sum(at::Tensor& tensor) = 0;
+  virtual at::Tensor allgather(const at::Tensor& local) = 0;
+  virtual void broadcast(at::Tensor& tensor, int root) = 0;
+  virtual at::Tensor all_to_all(const at::Tensor& input) = 0;
+  virtual void barrier() = 0;
+};
+
+namespace {
+
+class SoloBackend final : public CommBackend {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(at::Tensor&) override {}
+  at::Tensor allgather(const at::Tensor& local) override { return local.clone(); }
+  void broadcast(at::Tensor&, int) override {}
+  at::Tensor all_to_all(const at::Tensor& input) override { return input.clone(); }
+  void barrier() override {}
+};
+
+// Gloo in libtorch 1.13 has no bf16/fp16 reductions: those travel as fp32 and are cast back.
+bool needs_fp32_transport(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+class ProcessGroupBackend final : public CommBackend {
+ public:
+  explicit ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group) : group_(std::move(group)) {}
+  int rank() const override { return group_->getRank(); }
+  int size() const override { return group_->getSize(); }
+
+  void allreduce_sum(at::Tensor& tensor) override {
+    std::vector<at::Tensor> buffers{needs_fp32_transport(tensor) ? tensor.to(at::kFloat) : tensor};
+    group_->allreduce(buffers)->wait();
+    if (!buffers[0].is_same(tensor)) tensor.copy_(buffers[0]);
+  }
+
+  at::Tensor allgather(const at::Tensor& local) override {
+    at::Tensor send = needs_fp32_transport(local) ? local.to(at::kFloat) : local.contiguous();
+    std::vector<at::Tensor> inputs{send};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(send));
+    group_->allgather(outputs, inputs)->wait();
+    return at::cat(outputs[0], 0).to(local.scalar_type());
+  }
+
+  void broadcast(at::Tensor& tensor, int root) override {
+    std::vector<at::Tensor> buffers{needs_fp32_transport(tensor) ? tensor.to(at::kFloat) : tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    group_->broadcast(buffers, options)->wait();
+    if (!buffers[0].is_same(tensor)) tensor.copy_(buffers[0]);
+  }
+
+  at::Tensor all_to_all(const at::Tensor& input) override {
+    at::Tensor send = needs_fp32_transport(input) ? input.to(at::kFloat) : input.contiguous();
+    at::Tensor received = at::empty_like(send);
+    std::vector<int64_t> equal_splits;  // empty: equal chunks along dim 0
+    group_->alltoall_base(received, send, equal_splits, equal_splits)->wait();
+    return received.to(input.scalar_type());
+  }
+
+  void barrier() override { group_->barrier()->wait(); }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+};
+
+int64_t payload_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+}  // namespace
+
+Comm::Comm(std::string label, std::shared_ptr<CollectiveCounters> counters)
+    : label_(std::move(label)),
+      backend_(std::make_shared<SoloBackend>()),
+      counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}
+
+Comm::Comm(std::string label, c10::intrusive_ptr<c10d::ProcessGroup> group, std::shared_ptr<CollectiveCounters> counters)
+    : label_(std::move(label)),
+      backend_(std::make_shared<ProcessGroupBackend>(std::move(group))),
+      counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}
+
+int Comm::rank() const { return backend_->rank(); }
+int Comm::size() const { return backend_->size(); }
+
+void Comm::allreduce_sum(at::Tensor& tensor) {
+  MT_CHECK(tensor.is_contiguous(), "allreduce over {} needs a contiguous tensor", label_);
+  counters_->record(Collective::allreduce, payload_bytes(tensor));
+  backend_->allreduce_sum(tensor);
+}
+
+at::Tensor Comm::allgather(const at::Tensor& local) {
+  MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
+  counters_->record(Collective::allgather, payload_bytes(local));
+  return backend_->allgather(local);
+}
+
+void Comm::broadcast(at::Tensor& tensor, int root) {
+  MT_CHECK(root >= 0 && root < size(), "broadcast over {}: root {} is outside [0, {})", label_, root, size());
+  MT_CHECK(tensor.is_contiguous(), "broadcast over {} needs a contiguous tensor", label_);
+  counters_->record(Collective::broadcast, payload_bytes(tensor));
+  backend_->broadcast(tensor, root);
+}
+
+at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input) {
+  const int n = size();
+  MT_CHECK(input.dim() >= 1 && input.size(0) % n == 0,
+           "reduce_scatter over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
+           input.dim() ? input.size(0) : 0, n);
+  counters_->record(Collective::reduce_scatter, payload_bytes(input));
+  // Built from all_to_all (Gloo in 1.13 has no reduce_scatter): chunk r of every rank arrives at rank r, and the
+  // chunks are summed here in rank order, so the result is the same whatever the network did.
+  at::Tensor received = backend_->all_to_all(input);
+  std::vector<at::Tensor> chunks = received.chunk(n, 0);
+  at::Tensor sum = chunks[0].clone();
+  for (int r = 1; r < n; ++r) sum.add_(chunks[r]);
+  return sum;
+}
+
+at::Tensor Comm::all_to_all(const at::Tensor& input) {
+  MT_CHECK(input.dim() >= 1 && input.size(0) % size() == 0,
+           "all_to_all over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
+           input.dim() ? input.size(0) : 0, size());
+  counters_->record(Collective::all_to_all, payload_bytes(input));
+  return backend_->all_to_all(input);
+}
+
+void Comm::barrier() {
+  counters_->record(Collective::barrier, 0);
+  backend_->barrier();
+}
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,38 @@
+// device_context.cpp — lazily created per-axis groups for one device.
+#include "meshtrain/runtime/device_context.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+namespace meshtrain::runtime {
+
+DeviceContext::DeviceContext(const mesh::Mesh& mesh, int device, GroupFactory factory,
+                             std::shared_ptr<CollectiveCounters> counters)
+    : mesh_(mesh), device_(device), factory_(std::move(factory)), counters_(std::move(counters)) {
+  MT_CHECK(device >= 0 && device < mesh.num_devices(), "device {} is not in a mesh of {} devices", device,
+           mesh.num_devices());
+}
+
+Comm& DeviceContext::world() {
+  return over(std::vector<mesh::Axis>(mesh::kAllAxes.begin(), mesh::kAllAxes.end()));
+}
+
+Comm& DeviceContext::over(const std::vector<mesh::Axis>& axes) {
+  auto found = groups_.find(axes);
+  if (found != groups_.end()) return found->second;
+  const std::vector<int> members = mesh_.group_of(device_, axes);
+  const int rank = mesh_.index_along(device_, axes);
+  const bool is_world = axes.size() == mesh::kAllAxes.size();
+  const std::string label = is_world ? "world" : mesh::axes_label(axes);
+  Comm comm = members.size() == 1 ? Comm(label, counters_) : factory_(label, members, rank);
+  return groups_.emplace(axes, std::move(comm)).first->second;
+}
+
+DeviceContext make_single_device_context(const mesh::Mesh& mesh) {
+  MT_CHECK(mesh.num_devices() == 1, "a single-device context needs a 1-device mesh, got {} devices",
+           mesh.num_devices());
+  return DeviceContext(
+      mesh, 0, [](const std::string&, const std::vector<int>&, int) -> Comm { MT_CHECK(false, "unreachable"); },
+      std::make_shared<CollectiveCounters>());
+}
+
+}  // namespace meshtrain::runtime

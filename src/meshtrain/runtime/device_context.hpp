@@ -1,0 +1,50 @@
+// device_context.hpp — what one device's worker thread sees: its place in the mesh and its communicators.
+//
+// The runtime (host_runtime.hpp) starts one thread per local device and hands each a DeviceContext. `over(axes)`
+// returns the Comm of the device's group along those mesh axes; groups are created on first use, and creating one
+// is collective over the group's members (every member must ask for it, in the same order as its other groups).
+#pragma once
+
+#include "meshtrain/mesh/mesh.hpp"
+#include "meshtrain/runtime/comm.hpp"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace meshtrain::runtime {
+
+class DeviceContext {
+ public:
+  // Builds a c10d group of `ranks` devices named `name` (called by over()); the runtime supplies it.
+  using GroupFactory = std::function<Comm(const std::string& name, const std::vector<int>& devices, int rank)>;
+
+  DeviceContext(const mesh::Mesh& mesh, int device, GroupFactory factory, std::shared_ptr<CollectiveCounters> counters);
+
+  const mesh::Mesh& mesh() const { return mesh_; }
+  int device() const { return device_; }
+  const mesh::DeviceInfo& info() const { return mesh_.device(device_); }
+  int host() const { return info().host; }
+  at::Device torch_device() const { return at::Device(at::kCPU); }
+
+  Comm& world();
+  Comm& over(const std::vector<mesh::Axis>& axes);
+  Comm& over(mesh::Axis axis) { return over(std::vector<mesh::Axis>{axis}); }
+
+  // Every collective this device issued, over any group.
+  const CollectiveCounters& counters() const { return *counters_; }
+
+ private:
+  const mesh::Mesh& mesh_;
+  int device_;
+  GroupFactory factory_;
+  std::shared_ptr<CollectiveCounters> counters_;
+  std::map<std::vector<mesh::Axis>, Comm> groups_;
+};
+
+// A context for one device outside any runtime (a single-device run or a unit test): every group is solo.
+// The mesh must have exactly one device.
+DeviceContext make_single_device_context(const mesh::Mesh& mesh);
+
+}  // namespace meshtrain::runtime

@@ -1,0 +1,109 @@
+// config_test.cpp — loading with groups, typed overrides, and the errors for unknown keys and wrong types.
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/config/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace meshtrain::config {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("meshtrain_config_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_ / "model");
+    write("defaults.yaml",
+          "defaults:\n  - model: small\nseed: 42\nlearning_rate: 0.001\nname: run\nflag: false\nsizes: [1, 2]\n"
+          "ici_mesh:\n  data: 1\n  fsdp: -1\n");
+    write("model/small.yaml", "hidden_size: 64\nnum_hidden_layers: 2\n");
+    write("model/big.yaml", "hidden_size: 4096\nnum_hidden_layers: 32\n");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const std::string& name, const std::string& text) { std::ofstream(dir_ / name) << text; }
+
+  std::string error_of(const std::vector<std::string>& overrides) {
+    try {
+      Config::load(dir_, overrides);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(ConfigTest, DefaultsAndGroups) {
+  Config c = Config::load(dir_, {});
+  EXPECT_EQ(c.get_int("seed"), 42);
+  EXPECT_EQ(c.get_int("model.hidden_size"), 64);
+  EXPECT_EQ(c.get_string("model.name"), "small");
+  EXPECT_FALSE(c.has("defaults"));
+  Config big = Config::load(dir_, {"model=big", "model.num_hidden_layers=4"});
+  EXPECT_EQ(big.get_int("model.hidden_size"), 4096);
+  EXPECT_EQ(big.get_int("model.num_hidden_layers"), 4);
+}
+
+TEST_F(ConfigTest, TypedOverrides) {
+  Config c = Config::load(dir_, {"ici_mesh.fsdp=4", "learning_rate=3", "name=other", "flag=true", "sizes=[4, 5, 6]"});
+  EXPECT_EQ(c.get_int("ici_mesh.fsdp"), 4);
+  EXPECT_DOUBLE_EQ(c.get_float("learning_rate"), 3.0);
+  EXPECT_EQ(c.get_string("name"), "other");
+  EXPECT_TRUE(c.get_bool("flag"));
+  EXPECT_EQ(c.get_int_list("sizes"), (std::vector<int64_t>{4, 5, 6}));
+  EXPECT_EQ(Config::load(dir_, {"name=123"}).get_string("name"), "123");
+}
+
+TEST_F(ConfigTest, UnknownKeySuggestsTheClosest) {
+  std::string msg = error_of({"ici_mesh.fdsp=4"});
+  EXPECT_NE(msg.find("unknown config key 'ici_mesh.fdsp'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ici_mesh.fsdp"), std::string::npos) << msg;
+  msg = error_of({"learning_rte=1"});
+  EXPECT_NE(msg.find("learning_rate"), std::string::npos) << msg;
+}
+
+TEST_F(ConfigTest, WrongTypeNamesKeyValueAndType) {
+  std::string msg = error_of({"ici_mesh.fsdp=four"});
+  EXPECT_NE(msg.find("'ici_mesh.fsdp'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'four'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("an integer"), std::string::npos) << msg;
+  EXPECT_NE(error_of({"flag=maybe"}).find("a boolean"), std::string::npos);
+  EXPECT_NE(error_of({"seed=1.5"}).find("an integer"), std::string::npos);
+  EXPECT_NE(error_of({"sizes=3"}).find("a list"), std::string::npos);
+}
+
+TEST_F(ConfigTest, BadGroupOptionListsTheOptions) {
+  std::string msg = error_of({"model=huge"});
+  EXPECT_NE(msg.find("model=huge"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("big, small"), std::string::npos) << msg;
+  EXPECT_NE(error_of({"seed"}).find("key=value"), std::string::npos);
+}
+
+TEST_F(ConfigTest, SaveAndReload) {
+  Config c = Config::load(dir_, {"seed=7"});
+  c.save(dir_ / "out" / "config.yaml");
+  std::ifstream in(dir_ / "out" / "config.yaml");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Config reloaded = Config::from_yaml(text);
+  EXPECT_EQ(reloaded.get_int("seed"), 7);
+  EXPECT_EQ(reloaded.get_int("model.hidden_size"), 64);
+  EXPECT_EQ(reloaded.leaf_keys(), c.leaf_keys());
+}
+
+TEST(ShippedConfigTest, DefaultsLoadWithEveryModel) {
+  const fs::path dir = default_config_dir();
+  for (const auto& entry : fs::directory_iterator(dir / "model")) {
+    std::string name = entry.path().stem().string();
+    Config c = Config::load(dir, {"model=" + name});
+    EXPECT_EQ(c.get_string("model.name"), name);
+    EXPECT_GT(c.get_int("model.hidden_size"), 0) << name;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::config
