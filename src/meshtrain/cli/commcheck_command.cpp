@@ -86,6 +86,7 @@ int commcheck_command(int argc, char** argv) {
     return app.exit(e);
   }
   Job job = load_job(options);
+  log_and_save_config(job.config, job.identity.host);
   log_mesh(job.mesh);
   runtime::HostRuntime runtime(job.identity, job.mesh, runtime::RuntimeOptions::from_config(job.config));
 

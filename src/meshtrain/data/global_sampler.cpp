@@ -1,0 +1,74 @@
+// global_sampler.cpp — the Feistel index permutation and the global batch arithmetic.
+#include "meshtrain/data/global_sampler.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+namespace meshtrain::data {
+namespace {
+
+// SplitMix64's finalizer: a strong 64-bit mix, the Feistel round function.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+IndexPermutation::IndexPermutation(uint64_t size, uint64_t key) : size_(size) {
+  MT_CHECK(size > 0, "a permutation needs a non-empty domain");
+  int bits = 2;
+  while (bits < 64 && (uint64_t{1} << bits) < size) bits += 2;  // an even bit count, so both halves are equal
+  half_bits_ = bits / 2;
+  half_mask_ = (uint64_t{1} << half_bits_) - 1;
+  for (int r = 0; r < 4; ++r) round_keys_[r] = mix64(key ^ mix64(static_cast<uint64_t>(r) + 1));
+}
+
+uint64_t IndexPermutation::encrypt(uint64_t value) const {
+  uint64_t left = value >> half_bits_, right = value & half_mask_;
+  for (uint64_t key : round_keys_) {
+    uint64_t next_right = left ^ (mix64(right ^ key) & half_mask_);
+    left = right;
+    right = next_right;
+  }
+  return (left << half_bits_) | right;
+}
+
+uint64_t IndexPermutation::operator()(uint64_t index) const {
+  MT_CHECK(index < size_, "index {} is outside the permutation's domain [0, {})", index, size_);
+  // Cycle-walking: the cipher permutes [0, 4^half_bits); re-encrypt until the value lands in [0, size). The domain is
+  // less than 4x the size, so this takes under 4 steps on average and always ends (the cycle contains `index`).
+  uint64_t value = encrypt(index);
+  while (value >= size_) value = encrypt(value);
+  return value;
+}
+
+GlobalSampler::GlobalSampler(uint64_t seed, int64_t num_samples, int64_t global_batch_size)
+    : seed_(seed), num_samples_(num_samples), global_batch_size_(global_batch_size) {
+  MT_USER_CHECK(global_batch_size > 0, "global_batch_size must be positive, got {}", global_batch_size);
+  MT_USER_CHECK(num_samples >= global_batch_size,
+                "the dataset has {} samples, fewer than one global batch (global_batch_size={})", num_samples,
+                global_batch_size);
+}
+
+int64_t GlobalSampler::sample_at(int64_t epoch, int64_t step, int64_t row) const {
+  MT_CHECK(step >= 0 && step < batches_per_epoch(), "step {} is outside the epoch's {} batches", step,
+           batches_per_epoch());
+  MT_CHECK(row >= 0 && row < global_batch_size_, "row {} is outside the global batch of {}", row, global_batch_size_);
+  IndexPermutation order(static_cast<uint64_t>(num_samples_), mix64(seed_) ^ mix64(~static_cast<uint64_t>(epoch)));
+  return static_cast<int64_t>(order(static_cast<uint64_t>(step * global_batch_size_ + row)));
+}
+
+std::vector<int64_t> GlobalSampler::global_batch(int64_t epoch, int64_t step) const {
+  std::vector<int64_t> ids(global_batch_size_);
+  for (int64_t row = 0; row < global_batch_size_; ++row) ids[row] = sample_at(epoch, step, row);
+  return ids;
+}
+
+DataCursor GlobalSampler::next(const DataCursor& cursor) const {
+  if (cursor.step + 1 < batches_per_epoch()) return {cursor.epoch, cursor.step + 1};
+  return {cursor.epoch + 1, 0};
+}
+
+}  // namespace meshtrain::data

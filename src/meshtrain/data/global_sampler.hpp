@@ -1,0 +1,58 @@
+// global_sampler.hpp — which samples make up global batch k of epoch e: a pure function of (seed, e, k).
+//
+// The order is a keyed pseudo-random permutation of the sample ids (a 4-round Feistel cipher over the next power of
+// two, cycle-walking back into range): O(1) memory, random access, a new order every epoch, and no dependence on
+// the number of hosts or devices. An epoch has floor(num_samples / global_batch_size) batches for everyone (the tail
+// that does not fill a batch is left for that epoch), so every host yields the same number of batches. The whole
+// state is one cursor (epoch, step).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain::data {
+
+// A keyed bijection of [0, size).
+class IndexPermutation {
+ public:
+  IndexPermutation(uint64_t size, uint64_t key);
+  uint64_t size() const { return size_; }
+  uint64_t operator()(uint64_t index) const;
+
+ private:
+  uint64_t encrypt(uint64_t value) const;
+  uint64_t size_;
+  int half_bits_;  // the domain is 2^(2 * half_bits) >= size
+  uint64_t half_mask_;
+  uint64_t round_keys_[4];
+};
+
+struct DataCursor {
+  int64_t epoch = 0;
+  int64_t step = 0;  // the next global batch within the epoch
+  bool operator==(const DataCursor& other) const { return epoch == other.epoch && step == other.step; }
+};
+
+class GlobalSampler {
+ public:
+  GlobalSampler(uint64_t seed, int64_t num_samples, int64_t global_batch_size);
+
+  int64_t num_samples() const { return num_samples_; }
+  int64_t global_batch_size() const { return global_batch_size_; }
+  int64_t batches_per_epoch() const { return num_samples_ / global_batch_size_; }
+
+  // Sample id of every row of global batch `step` of `epoch`.
+  std::vector<int64_t> global_batch(int64_t epoch, int64_t step) const;
+  // Sample id of one row (random access: what a host needs for the rows it reads).
+  int64_t sample_at(int64_t epoch, int64_t step, int64_t row) const;
+  // The cursor after `cursor`: the next step, or the first step of the next epoch.
+  DataCursor next(const DataCursor& cursor) const;
+
+ private:
+  uint64_t seed_;
+  int64_t num_samples_;
+  int64_t global_batch_size_;
+};
+
+}  // namespace meshtrain::data
