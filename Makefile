@@ -1,5 +1,6 @@
 # The README's commands. Each does all set-up itself (scripts/setup.sh is quick when everything is installed).
-#   make demo       the seed scenario: 2 simulated hosts x 4 virtual devices
+#   make demo       2 simulated hosts x 4 virtual devices, the seed's mesh: every collective over every axis and
+#                   global tensors checked (real training lands with the trainer)
 #   make test       every test (unit, multi-host, Python references)
 #   make test-fast  the fast set (leaves out suites named *SlowTest)
 BUILD_DIR ?= build
@@ -16,6 +17,7 @@ $(BUILD_DIR)/build.ninja:
 
 build: setup $(BUILD_DIR)/build.ninja
 	ninja -C $(BUILD_DIR) -j $(JOBS)
+	bash scripts/prepare_default_shards.sh $(MESHTRAIN)
 
 demo: build
 	$(MESHTRAIN) run --hosts 2 --devices-per-host 4 -- commcheck ici_mesh.fsdp=4 dcn_mesh.fsdp=2

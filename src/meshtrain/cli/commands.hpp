@@ -7,5 +7,9 @@ namespace meshtrain::cli {
 int run_command(int argc, char** argv);        // meshtrain run: start host processes (launcher)
 int commcheck_command(int argc, char** argv);  // meshtrain commcheck: collectives over every mesh axis, checked
 int plan_command(int argc, char** argv);       // meshtrain plan: mesh, device assignment (and more) without starting
+int score_command(int argc, char** argv);      // meshtrain score: per-token log-probs and loss under a checkpoint
+int peak_command(int argc, char** argv);       // meshtrain peak: this machine's fp32/bf16 matmul GFLOP/s
+int prepare_command(int argc, char** argv);    // meshtrain prepare: text/JSONL files into token shards
+int tokenize_command(int argc, char** argv);   // meshtrain tokenize: token ids of a text, or text of ids
 
 }  // namespace meshtrain::cli

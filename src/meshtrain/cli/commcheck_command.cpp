@@ -2,12 +2,14 @@
 //
 // Run it under `meshtrain run` to check a job's mesh and network before training: each device computes what each
 // collective must return from the device ids alone, so a wrong rank order, a wrong group or a lost message fails
-// loudly with the device and the values. --inject-failure D makes device D throw, to see how a job ends.
+// loudly with the device and the values. Then global tensors are built, gathered, redistributed and replica-checked
+// over the real devices (sharding::check_global_tensors). --inject-failure D makes device D throw, to see how a job ends.
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/cli/job_options.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/runtime/host_runtime.hpp"
+#include "meshtrain/sharding/global_tensor.hpp"
 
 #include <mutex>
 
@@ -104,6 +106,12 @@ int commcheck_command(int argc, char** argv) {
                     "reduce_scatter, all_to_all, barrier all correct",
                     ctx.over(axes).label(), ctx.mesh().num_devices() / ctx.mesh().size_along(axes),
                     ctx.mesh().size_along(axes));
+      }
+      if (it == 0) {
+        sharding::check_global_tensors(ctx);
+        if (reporter)
+          log::info("commcheck global tensors: built from host-local data with no collective, gathered, "
+                    "redistributed and replica-checked (a corrupted replica caught) correctly");
       }
       if (inject_failure && *inject_failure == ctx.device())
         throw Error(fmt::format("failure injected on device {} (--inject-failure)", ctx.device()));

@@ -18,6 +18,10 @@ const Verb kVerbs[] = {
     {"run", meshtrain::cli::run_command, "start H host processes here, or this node's host in a multi-node job"},
     {"commcheck", meshtrain::cli::commcheck_command, "run and check one collective over each mesh axis"},
     {"plan", meshtrain::cli::plan_command, "print the mesh and device assignment without starting anything"},
+    {"score", meshtrain::cli::score_command, "per-token log-probabilities and mean loss of a text under a checkpoint"},
+    {"peak", meshtrain::cli::peak_command, "measure this machine's fp32 and bf16 matmul GFLOP/s"},
+    {"prepare", meshtrain::cli::prepare_command, "tokenize text or JSONL files into a token-shard directory"},
+    {"tokenize", meshtrain::cli::tokenize_command, "print the token ids of a text (--decode: the text of ids)"},
 };
 
 void print_usage() {

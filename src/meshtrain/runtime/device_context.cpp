@@ -21,9 +21,10 @@ Comm& DeviceContext::over(const std::vector<mesh::Axis>& axes) {
   if (found != groups_.end()) return found->second;
   const std::vector<int> members = mesh_.group_of(device_, axes);
   const int rank = mesh_.index_along(device_, axes);
-  const bool is_world = axes.size() == mesh::kAllAxes.size();
+  const bool is_world = axes == std::vector<mesh::Axis>(mesh::kAllAxes.begin(), mesh::kAllAxes.end());
   const std::string label = is_world ? "world" : mesh::axes_label(axes);
-  Comm comm = members.size() == 1 ? Comm(label, counters_) : factory_(label, members, rank);
+  const std::string key = fmt::format("{}/{}", mesh::axes_label(axes), members[0]);
+  Comm comm = members.size() == 1 ? Comm(label, counters_) : factory_(label, key, members, rank);
   return groups_.emplace(axes, std::move(comm)).first->second;
 }
 
@@ -31,7 +32,10 @@ DeviceContext make_single_device_context(const mesh::Mesh& mesh) {
   MT_CHECK(mesh.num_devices() == 1, "a single-device context needs a 1-device mesh, got {} devices",
            mesh.num_devices());
   return DeviceContext(
-      mesh, 0, [](const std::string&, const std::vector<int>&, int) -> Comm { MT_CHECK(false, "unreachable"); },
+      mesh, 0,
+      [](const std::string&, const std::string&, const std::vector<int>&, int) -> Comm {
+        MT_CHECK(false, "a single-device context has no multi-device group");
+      },
       std::make_shared<CollectiveCounters>());
 }
 

@@ -17,8 +17,11 @@ namespace meshtrain::runtime {
 
 class DeviceContext {
  public:
-  // Builds a c10d group of `ranks` devices named `name` (called by over()); the runtime supplies it.
-  using GroupFactory = std::function<Comm(const std::string& name, const std::vector<int>& devices, int rank)>;
+  // Builds the c10d group of `devices` in which this device has `rank` (called by over()); the runtime supplies it.
+  // `label` names the group in logs ("fsdp", "world"); `key` ("(data,fsdp)/4": the axes as asked for, then the first
+  // member) is unique to the group within the job, for the group's rendezvous keys.
+  using GroupFactory = std::function<Comm(const std::string& label, const std::string& key,
+                                          const std::vector<int>& devices, int rank)>;
 
   DeviceContext(const mesh::Mesh& mesh, int device, GroupFactory factory, std::shared_ptr<CollectiveCounters> counters);
 

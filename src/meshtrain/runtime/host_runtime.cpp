@@ -62,6 +62,21 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const HostIdentity& 
 
 }  // namespace
 
+DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> store,
+                                               std::shared_ptr<::gloo::transport::Device> gloo_device,
+                                               std::shared_ptr<CollectiveCounters> counters,
+                                               double collective_timeout_s) {
+  return [store, gloo_device, counters, collective_timeout_s](const std::string& label, const std::string& key,
+                                                              const std::vector<int>& members, int rank) {
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>("group/" + key, store);
+    auto options = c10d::ProcessGroupGloo::Options::create(to_ms(collective_timeout_s));
+    options->devices.push_back(gloo_device);
+    options->threads = 1;
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, static_cast<int>(members.size()), options);
+    return Comm(label, group, counters);
+  };
+}
+
 RuntimeOptions RuntimeOptions::from_config(const config::Config& config) {
   RuntimeOptions o;
   o.threads_per_device = static_cast<int>(config.get_int("runtime.threads_per_device"));
@@ -253,19 +268,8 @@ void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) 
         auto store = connect_store(identity_, false, options_.rendezvous_timeout_s);
         auto gloo_device = make_gloo_device(identity_);
         auto counters = std::make_shared<CollectiveCounters>();
-        const double collective_timeout_s = options_.collective_timeout_s;
-        DeviceContext::GroupFactory factory = [store, gloo_device, counters, collective_timeout_s](
-                                                  const std::string& label, const std::vector<int>& members,
-                                                  int rank) {
-          auto prefix = c10::make_intrusive<c10d::PrefixStore>(fmt::format("group/{}/{}", label, members[0]), store);
-          auto options = c10d::ProcessGroupGloo::Options::create(to_ms(collective_timeout_s));
-          options->devices.push_back(gloo_device);
-          options->threads = 1;
-          auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, static_cast<int>(members.size()),
-                                                                   options);
-          return Comm(label, group, counters);
-        };
-        context = std::make_unique<DeviceContext>(mesh_, device, factory, counters);
+        context = std::make_unique<DeviceContext>(
+            mesh_, device, gloo_group_factory(store, gloo_device, counters, options_.collective_timeout_s), counters);
         fn(*context);
       } catch (const std::exception& e) {
         abort_job(fmt::format("host {} device {} failed: {}", identity_.host, device, e.what()), kExitThisHostFailed);

@@ -12,6 +12,8 @@
 #include "meshtrain/runtime/device_context.hpp"
 #include "meshtrain/runtime/host_identity.hpp"
 
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
 #include <functional>
 #include <memory>
 
@@ -33,6 +35,12 @@ struct RuntimeOptions {
 
   static RuntimeOptions from_config(const config::Config& config);  // the runtime.* keys
 };
+
+// The group factory of one device: Gloo groups whose rendezvous goes through `store` under "group/<key>".
+DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> store,
+                                               std::shared_ptr<::gloo::transport::Device> gloo_device,
+                                               std::shared_ptr<CollectiveCounters> counters,
+                                               double collective_timeout_s);
 
 class HostRuntime {
  public:

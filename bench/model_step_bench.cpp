@@ -1,0 +1,82 @@
+// model_step_bench.cpp — training-step throughput of meshtrain's Llama against the same model and step in PyTorch
+// eager from Python (bench/model_step_peer.py, same libtorch), in one run, with MFU against the measured matmul peak.
+//
+//   build-dir/model_step_bench [--model llama-100m] [--batch 4] [--seq 256] [--threads 2] [--dtype bf16] [--steps 3]
+//
+// A step is forward, cross-entropy loss, backward and an AdamW update on random tokens; the first step of each side
+// warms up and is not timed. Prints tokens/s of both, the ratio meshtrain / PyTorch, and MFU.
+#include "meshtrain/model/llama.hpp"
+#include "meshtrain/model/matmul_peak.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+using namespace meshtrain;
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshtrain Llama training step vs PyTorch eager (Python) on the same model and batch"};
+  std::string model_name = "llama-100m", dtype_name = "bf16";
+  int64_t batch = 4, seq = 256;
+  int threads = 2, steps = 3;
+  app.add_option("--model", model_name)->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--seq", seq)->capture_default_str();
+  app.add_option("--threads", threads)->capture_default_str();
+  app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  app.add_option("--steps", steps)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(threads);
+  const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+
+  model::LlamaConfig config = model::LlamaConfig::from_run_config(
+      config::Config::load(config::default_config_dir(), {"model=" + model_name}));
+  model::LlamaForCausalLM llama(config);
+  model::initialize_parameters(llama, 0);
+  llama.set_compute_dtype(dtype);
+  torch::optim::AdamW optimizer(llama.parameters(), torch::optim::AdamWOptions(1e-4));
+  torch::Tensor tokens = torch::randint(config.vocab_size, {batch, seq + 1}, torch::kInt64);
+  torch::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
+  double timed = 0, loss = 0;
+  for (int step = 0; step <= steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    torch::Tensor l = model::token_cross_entropy(llama.forward(inputs), targets);
+    optimizer.zero_grad();
+    l.backward();
+    optimizer.step();
+    loss = l.item<double>();
+    if (step) timed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const double ours = static_cast<double>(batch * seq * steps) / timed;
+
+  const std::string peer_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/model_step_peer.py";
+  const std::string command = fmt::format(
+      "/usr/bin/python3 {} --config '{}' --batch {} --seq {} --threads {} --dtype {} --steps {}", peer_script,
+      config.to_hf_json("float32").dump(), batch, seq, threads, dtype_name, steps);
+  FILE* pipe = ::popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+  if (!pipe || ::pclose(pipe) != 0) {
+    std::cerr << "the PyTorch peer failed: " << command << "\n" << output;
+    return 1;
+  }
+  const double peer = nlohmann::json::parse(output)["tokens_per_s"].get<double>();
+
+  const model::MatmulPeak peak = model::measure_matmul_peak(dtype, 2048, 2.0);
+  const double flops_per_token = config.training_flops_per_token(seq);
+  std::cout << fmt::format(
+      "model {} ({:.1f}M parameters), batch {} x seq {}, {} threads, {} compute, {} timed steps\n"
+      "  meshtrain (C++)       {:9.1f} tokens/s   loss {:.4f}   MFU {:5.1f}%\n"
+      "  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%\n"
+      "  ratio meshtrain / PyTorch: {:.2f}x\n"
+      "  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n",
+      model_name, config.parameter_count() / 1e6, batch, seq, threads, dtype_name, steps, ours, loss,
+      100 * ours * flops_per_token / (peak.gflops * 1e9), peer, 100 * peer * flops_per_token / (peak.gflops * 1e9),
+      ours / peer, dtype_name, peak.gflops, flops_per_token / 1e9);
+  return 0;
+}

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""model_step_peer.py — the peer of model_step_bench: the same Llama training step in PyTorch eager from Python.
+
+A Llama-3 written the way a PyTorch user would (HF-style modules: repeat_kv, matmul attention, RMSNorm in fp32,
+torch.autocast for bf16), AdamW, random tokens. Prints one JSON line: {"tokens_per_s": ..., "step_s": [...]}.
+Run by model_step_bench with the same config, batch, sequence, threads and dtype.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.h, self.k, self.e = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        d = c["hidden_size"]
+        self.q_proj = nn.Linear(d, self.h * self.e, bias=False)
+        self.k_proj = nn.Linear(d, self.k * self.e, bias=False)
+        self.v_proj = nn.Linear(d, self.k * self.e, bias=False)
+        self.o_proj = nn.Linear(self.h * self.e, d, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.h, self.e).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.k, self.e).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.k, self.e).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        g = self.h // self.k
+        k = k[:, :, None].expand(B, self.k, g, T, self.e).reshape(B, self.h, T, self.e)
+        v = v[:, :, None].expand(B, self.k, g, T, self.e).reshape(B, self.h, T, self.e)
+        s = (q @ k.transpose(2, 3)) / math.sqrt(self.e) + mask
+        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        return self.o_proj((p @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+class Layer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, f = c["hidden_size"], c["intermediate_size"]
+        self.self_attn = Attention(c)
+        self.gate_proj, self.up_proj = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+        self.input_layernorm = RMSNorm(d, c["rms_norm_eps"])
+        self.post_attention_layernorm = RMSNorm(d, c["rms_norm_eps"])
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.lm_head = None if c["tie_word_embeddings"] else nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+        e = c["head_dim"]
+        self.inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, e, 2).float() / e))
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        x = self.embed_tokens(tokens)
+        ang = torch.outer(torch.arange(T).float(), self.inv_freq)
+        emb = torch.cat((ang, ang), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        x = self.norm(x)
+        return self.lm_head(x) if self.lm_head is not None else x @ self.embed_tokens.weight.t()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True, help="JSON of the HF LlamaConfig keys")
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    c = json.loads(a.config)
+    model = Llama(c)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, c["vocab_size"], (a.batch, a.seq + 1))
+    times = []
+    for step in range(a.steps + 1):  # the first step warms up
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, c["vocab_size"]), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step:
+            times.append(time.perf_counter() - t0)
+    print(json.dumps({"tokens_per_s": a.batch * a.seq * len(times) / sum(times), "step_s": times,
+                      "loss": loss.item()}))
+
+
+if __name__ == "__main__":
+    main()

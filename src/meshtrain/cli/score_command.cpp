@@ -1,0 +1,127 @@
+// score_command.cpp — `meshtrain score`: per-token log-probabilities and the mean next-token loss of a text or token
+// sequence under a Hugging Face-format checkpoint. logprobs[i] = log p(token i+1 | tokens 0..i).
+//
+// A hidden option, --dump-reference FILE, also backpropagates the mean loss and writes the logits, log-probs, loss
+// and every parameter's gradient ("grad.<name>") to a safetensors file: the Python reference tests read it.
+#include "meshtrain/cli/commands.hpp"
+#include "meshtrain/common/atomic_file.hpp"
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/model/hf_checkpoint.hpp"
+#include "meshtrain/model/safetensors.hpp"
+#include "meshtrain/tokenizer/tokenizer.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+namespace meshtrain::cli {
+namespace {
+
+std::vector<int64_t> parse_token_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+    }
+    MT_USER_CHECK(used == word.size() && id >= 0, "--tokens: '{}' is not a token id (expected \"ID ID ...\")", word);
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+}  // namespace
+
+int score_command(int argc, char** argv) {
+  CLI::App app{"Score a text or token sequence: per-token log-probabilities and the mean next-token loss.",
+               "meshtrain score"};
+  std::string checkpoint, text, tokens_text, tokenizer_name, dump_path;
+  bool as_json = false;
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  app.add_option("--checkpoint", checkpoint, "Hugging Face-format checkpoint directory (config.json + safetensors)")
+      ->required();
+  auto* text_option = app.add_option("--text", text, "text to score (encoded as is: no BOS is added)");
+  auto* tokens_option = app.add_option("--tokens", tokens_text, "token ids to score, e.g. \"1 2 3\"");
+  text_option->excludes(tokens_option);
+  app.add_option("--tokenizer", tokenizer_name,
+                 "tokenizer for --text: a name (llama3, gpt2, byte, ...) or a file; default <checkpoint>/tokenizer.json");
+  app.add_flag("--json", as_json, "print {\"loss\": mean, \"logprobs\": [...]}");
+  app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
+  app.add_option("--dump-reference", dump_path)->group("");  // hidden: for the Python reference tests
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  MT_USER_CHECK(!text.empty() || !tokens_text.empty(), "give --text TEXT or --tokens \"ID ID ...\"");
+  MT_USER_CHECK(threads > 0, "--threads must be positive, got {}", threads);
+  at::set_num_threads(threads);
+
+  std::vector<int64_t> ids;
+  std::shared_ptr<const tokenizer::Tokenizer> tok;
+  if (!tokens_text.empty()) {
+    ids = parse_token_ids(tokens_text);
+  } else {
+    if (tokenizer_name.empty()) {
+      const std::filesystem::path own = std::filesystem::path(checkpoint) / "tokenizer.json";
+      MT_USER_CHECK(std::filesystem::exists(own), "--text needs a tokenizer: {} has no tokenizer.json; pass --tokenizer",
+                    checkpoint);
+      tokenizer_name = own.string();
+    }
+    tok = tokenizer::load_tokenizer(tokenizer_name);
+    for (uint32_t id : tok->encode(text)) ids.push_back(id);
+  }
+  MT_USER_CHECK(ids.size() >= 2, "scoring needs at least 2 tokens (each is predicted from those before it), got {}",
+                ids.size());
+
+  model::LlamaForCausalLM llama(model::read_hf_config(checkpoint));
+  model::load_hf_checkpoint(checkpoint, llama);
+  const int64_t vocab = llama.config().vocab_size;
+  for (int64_t id : ids) MT_USER_CHECK(id < vocab, "token id {} is outside the model's vocabulary of {}", id, vocab);
+
+  const int64_t T = static_cast<int64_t>(ids.size());
+  torch::Tensor tokens_BT = torch::tensor(ids, torch::kInt64).view({1, T});
+  torch::Tensor inputs_BT = tokens_BT.narrow(1, 0, T - 1), targets_BT = tokens_BT.narrow(1, 1, T - 1);
+  std::optional<torch::NoGradGuard> no_grad;
+  if (dump_path.empty()) no_grad.emplace();
+  torch::Tensor logits_BTV = llama.forward(inputs_BT);
+  torch::Tensor loss = model::token_cross_entropy(logits_BTV, targets_BT);
+  torch::Tensor logprobs_T = model::target_logprobs(logits_BTV, targets_BT).squeeze(0).detach();
+
+  if (!dump_path.empty()) {
+    loss.backward();
+    std::vector<std::pair<std::string, torch::Tensor>> tensors = {
+        {"logits", logits_BTV.detach()}, {"loss", loss.detach()}, {"logprobs", logprobs_T}};
+    for (const auto& p : llama.named_parameters()) tensors.emplace_back("grad." + p.key(), p.value().grad());
+    AtomicFileWriter writer(dump_path);
+    model::write_safetensors(writer, tensors);
+    writer.commit();
+  }
+
+  const double mean_loss = loss.item<double>();
+  std::vector<double> logprobs(logprobs_T.data_ptr<float>(), logprobs_T.data_ptr<float>() + logprobs_T.numel());
+  if (as_json) {
+    std::cout << nlohmann::json{{"loss", mean_loss}, {"logprobs", logprobs}}.dump() << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{:>6}  {:>8}  {:>10}  {}\n", "pos", "token", "logprob", tok ? "text" : "");
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    const uint32_t id = static_cast<uint32_t>(ids[i + 1]);
+    std::cout << fmt::format("{:>6}  {:>8}  {:>10.4f}  {}\n", i + 1, id, logprobs[i],
+                             tok ? nlohmann::json(tok->decode(&id, 1)).dump(-1, ' ', false,
+                                                                         nlohmann::json::error_handler_t::replace)
+                                 : "");
+  }
+  std::cout << fmt::format("mean loss {:.6f} (perplexity {:.4f}) over {} predicted tokens\n", mean_loss,
+                           std::exp(mean_loss), logprobs.size());
+  return 0;
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,244 @@
+// hf_checkpoint.cpp — Hugging Face checkpoint directories: save (sharded, atomic, completion marker) and load.
+#include "meshtrain/model/hf_checkpoint.hpp"
+
+#include "meshtrain/common/atomic_file.hpp"
+#include "meshtrain/common/checksum.hpp"
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/common/log.hpp"
+#include "meshtrain/model/safetensors.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::model {
+namespace {
+
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kSingleWeightsFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+// config.json key that marks a directory meshtrain wrote (Hugging Face ignores unknown keys).
+constexpr const char* kMeshtrainKey = "meshtrain_format_version";
+
+CheckpointFile write_text_file(const fs::path& dir, const std::string& name, const std::string& text) {
+  AtomicFileWriter writer(dir / name);
+  writer.write(text.data(), text.size());
+  writer.commit();
+  return {name, writer.bytes_written(), writer.crc32c()};
+}
+
+std::string read_text_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_USER_CHECK(in, "cannot open {}", path.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+nlohmann::json parse_json_file(const fs::path& path, const std::string& text) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+  }
+}
+
+// The files listed in the completion marker, by name; empty if there is no marker.
+std::map<std::string, CheckpointFile> read_marker(const fs::path& dir) {
+  std::map<std::string, CheckpointFile> files;
+  const fs::path path = dir / kCompletionMarker;
+  if (!fs::exists(path)) return files;
+  nlohmann::json marker = parse_json_file(path, read_text_file(path));
+  MT_USER_CHECK(marker.contains("files") && marker["files"].is_array(), "{}: no 'files' list", path.string());
+  for (const auto& f : marker["files"]) {
+    MT_USER_CHECK(f.is_object() && f.contains("name") && f.contains("bytes") && f.contains("crc32c"),
+                  "{}: a file entry lacks name, bytes or crc32c: {}", path.string(), f.dump());
+    CheckpointFile file{f["name"].get<std::string>(), f["bytes"].get<uint64_t>(), f["crc32c"].get<uint32_t>()};
+    files[file.name] = file;
+  }
+  return files;
+}
+
+// Checks a file's size and checksum against the marker (when the directory has one).
+void check_against_marker(const std::map<std::string, CheckpointFile>& marker, const fs::path& dir,
+                          const std::string& name, uint64_t bytes, uint32_t crc) {
+  if (marker.empty()) return;
+  auto it = marker.find(name);
+  MT_USER_CHECK(it != marker.end(), "{}: the file is not listed in the completion marker {}", (dir / name).string(),
+                kCompletionMarker);
+  MT_USER_CHECK(it->second.bytes == bytes, "{}: size check failed: {} bytes, the completion marker says {}",
+                (dir / name).string(), bytes, it->second.bytes);
+  MT_USER_CHECK(it->second.crc32c == crc, "{}: checksum check failed: CRC-32C {:08x}, the completion marker says {:08x}",
+                (dir / name).string(), crc, it->second.crc32c);
+}
+
+std::string shard_name(size_t index, size_t count) {
+  return fmt::format("model-{:05d}-of-{:05d}.safetensors", index + 1, count);
+}
+
+// Fields that change what the network computes; the others (token ids, init range, context limit) may differ.
+nlohmann::json architecture_of(const LlamaConfig& config) {
+  nlohmann::json j = config.to_hf_json("");
+  for (const char* k : {"bos_token_id", "eos_token_id", "initializer_range", "max_position_embeddings", "torch_dtype"})
+    j.erase(k);
+  return j;
+}
+
+}  // namespace
+
+std::vector<CheckpointFile> save_hf_weights(const fs::path& dir, LlamaForCausalLM& model,
+                                            const HfSaveOptions& options) {
+  MT_USER_CHECK(options.dtype == torch::kFloat32 || options.dtype == torch::kBFloat16,
+                "checkpoint dtype must be float32 or bfloat16, got {}", c10::toString(options.dtype));
+  fs::create_directories(dir);
+  fs::remove(dir / kCompletionMarker);
+  fsync_directory(dir);
+
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
+  uint64_t shard_bytes = 0, total_bytes = 0;
+  for (const auto& named : model.named_parameters()) {
+    torch::Tensor stored = named.value().detach().to(torch::kCPU, options.dtype).contiguous();
+    const uint64_t nbytes = stored.nbytes();
+    if (!shards.back().empty() && shard_bytes + nbytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().emplace_back(named.key(), std::move(stored));
+    shard_bytes += nbytes;
+    total_bytes += nbytes;
+  }
+
+  std::vector<CheckpointFile> files;
+  const std::string dtype_name = options.dtype == torch::kBFloat16 ? "bfloat16" : "float32";
+  nlohmann::json config_json = model.config().to_hf_json(dtype_name);
+  config_json[kMeshtrainKey] = 1;
+  files.push_back(write_text_file(dir, kConfigFile, config_json.dump(2) + "\n"));
+
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string name = shards.size() == 1 ? kSingleWeightsFile : shard_name(i, shards.size());
+    AtomicFileWriter writer(dir / name);
+    write_safetensors(writer, shards[i], {{"format", "pt"}});
+    writer.commit();
+    files.push_back({name, writer.bytes_written(), writer.crc32c()});
+    for (const auto& [tensor_name, tensor] : shards[i]) weight_map[tensor_name] = name;
+  }
+  if (shards.size() > 1) {
+    nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    files.push_back(write_text_file(dir, kIndexFile, index.dump(2) + "\n"));
+  } else {
+    fs::remove(dir / kIndexFile);  // a stale index from an earlier sharded save would shadow model.safetensors
+  }
+  return files;
+}
+
+void write_completion_marker(const fs::path& dir, const std::vector<CheckpointFile>& files) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const CheckpointFile& f : files) list.push_back({{"name", f.name}, {"bytes", f.bytes}, {"crc32c", f.crc32c}});
+  write_text_file(dir, kCompletionMarker, nlohmann::json{{"files", list}}.dump(2) + "\n");
+}
+
+void save_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model, const HfSaveOptions& options) {
+  write_completion_marker(dir, save_hf_weights(dir, model, options));
+  log::info("saved checkpoint {} ({} parameters, {})", dir.string(), model.config().parameter_count(),
+            options.dtype == torch::kBFloat16 ? "bf16" : "fp32");
+}
+
+bool is_complete_checkpoint(const fs::path& dir) { return fs::exists(dir / kCompletionMarker); }
+
+void verify_checkpoint_files(const fs::path& dir) {
+  auto marker = read_marker(dir);
+  MT_USER_CHECK(!marker.empty(), "{}: incomplete checkpoint: there is no completion marker {}", dir.string(),
+                kCompletionMarker);
+  for (const auto& [name, file] : marker) {
+    MT_USER_CHECK(fs::exists(dir / name), "{}: the file is missing (listed in the completion marker)",
+                  (dir / name).string());
+    std::string bytes = read_text_file(dir / name);
+    check_against_marker(marker, dir, name, bytes.size(), crc32c(bytes.data(), bytes.size()));
+  }
+}
+
+LlamaConfig read_hf_config(const fs::path& dir) {
+  const fs::path path = dir / kConfigFile;
+  MT_USER_CHECK(fs::is_directory(dir), "checkpoint directory {} does not exist", dir.string());
+  MT_USER_CHECK(fs::exists(path), "{} is not a checkpoint: it has no {}", dir.string(), kConfigFile);
+  return LlamaConfig::from_hf_json(parse_json_file(path, read_text_file(path)), path.string());
+}
+
+void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
+  const auto marker = read_marker(dir);
+  const fs::path config_path = dir / kConfigFile;
+  MT_USER_CHECK(fs::exists(config_path), "{} is not a checkpoint: it has no {}", dir.string(), kConfigFile);
+  const std::string config_text = read_text_file(config_path);
+  const nlohmann::json config_json = parse_json_file(config_path, config_text);
+  MT_USER_CHECK(!marker.empty() || !config_json.contains(kMeshtrainKey),
+                "{}: incomplete checkpoint: meshtrain wrote it but the completion marker {} is missing "
+                "(the save was interrupted)",
+                dir.string(), kCompletionMarker);
+  check_against_marker(marker, dir, kConfigFile, config_text.size(), crc32c(config_text.data(), config_text.size()));
+  const LlamaConfig stored = LlamaConfig::from_hf_json(config_json, config_path.string());
+  const nlohmann::json stored_arch = architecture_of(stored), model_arch = architecture_of(model.config());
+  for (const auto& [key, value] : model_arch.items())
+    MT_USER_CHECK(stored_arch.contains(key) && stored_arch[key] == value,
+                  "{}: {} is {} in the checkpoint but {} in the model", config_path.string(), key,
+                  stored_arch.contains(key) ? stored_arch[key].dump() : "absent", value.dump());
+
+  // Which file holds each tensor.
+  std::map<std::string, std::string> file_of;
+  std::set<std::string> weight_files;
+  if (fs::exists(dir / kIndexFile)) {
+    const std::string index_text = read_text_file(dir / kIndexFile);
+    check_against_marker(marker, dir, kIndexFile, index_text.size(), crc32c(index_text.data(), index_text.size()));
+    nlohmann::json index = parse_json_file(dir / kIndexFile, index_text);
+    MT_USER_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no weight_map object",
+                  (dir / kIndexFile).string());
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      file_of[name] = file.get<std::string>();
+      weight_files.insert(file.get<std::string>());
+    }
+  } else {
+    MT_USER_CHECK(fs::exists(dir / kSingleWeightsFile), "{}: no weights: neither {} nor {}", dir.string(),
+                  kSingleWeightsFile, kIndexFile);
+    weight_files.insert(kSingleWeightsFile);
+  }
+
+  torch::NoGradGuard no_grad;
+  auto params = model.named_parameters();
+  std::set<std::string> loaded;
+  for (const std::string& name : weight_files) {
+    MT_USER_CHECK(fs::exists(dir / name), "{}: the weight file is missing", (dir / name).string());
+    SafetensorsFile file = SafetensorsFile::read(dir / name);
+    check_against_marker(marker, dir, name, file.file_size(), file.crc32c());
+    for (const SafetensorsEntry& e : file.entries()) {
+      if (!file_of.empty()) {
+        MT_USER_CHECK(file_of.count(e.name) && file_of[e.name] == name,
+                      "{}: tensor '{}' is not mapped to this file by {}", (dir / name).string(), e.name, kIndexFile);
+      }
+      torch::Tensor* param = params.find(e.name);
+      if (!param) {
+        // Tensors HF may store that the model derives: the rotary table, a tied head.
+        const std::string rotary_buffer = "rotary_emb.inv_freq";
+        const bool derived = e.name.size() >= rotary_buffer.size() &&
+                             e.name.compare(e.name.size() - rotary_buffer.size(), rotary_buffer.size(), rotary_buffer) == 0;
+        const bool tied_head = e.name == "lm_head.weight" && model.config().tie_word_embeddings;
+        MT_USER_CHECK(derived || tied_head, "{}: tensor '{}' is not a parameter of the model", (dir / name).string(),
+                      e.name);
+        continue;
+      }
+      MT_USER_CHECK(param->sizes().vec() == e.shape, "{}: tensor '{}' has shape {} but the model's is {}",
+                    (dir / name).string(), e.name, c10::str(c10::IntArrayRef(e.shape)), c10::str(param->sizes()));
+      param->copy_(file.tensor(e.name));
+      loaded.insert(e.name);
+    }
+  }
+  for (const auto& named : params)
+    MT_USER_CHECK(loaded.count(named.key()), "{}: parameter '{}' is not in the checkpoint", dir.string(), named.key());
+  log::info("loaded checkpoint {} ({} tensors)", dir.string(), loaded.size());
+}
+
+}  // namespace meshtrain::model

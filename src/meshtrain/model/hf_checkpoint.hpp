@@ -1,0 +1,54 @@
+// hf_checkpoint.hpp — model checkpoints as Hugging Face reads them: a directory with `config.json` (LlamaConfig
+// keys) and the weights in safetensors under HF Llama names, one `model.safetensors` or, when larger than the shard
+// limit, `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json` (the weight map).
+//
+// Saving is atomic per file (temporary name, fsync, rename) and the directory is complete only when the completion
+// marker `meshtrain_complete.json` exists: it lists every file with its size and CRC-32C, and is written last. Other
+// writers (the trainer's optimizer state) add their files to the marker through `write_completion_marker`.
+// Loading verifies each file it reads against the marker; a directory that meshtrain wrote but did not complete is
+// refused, and so is a damaged file, with the file and the failed check named. A directory from Hugging Face (no
+// marker, no meshtrain key in config.json) loads with the structural checks of the safetensors reader.
+#pragma once
+
+#include "meshtrain/model/llama.hpp"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace meshtrain::model {
+
+inline constexpr const char* kCompletionMarker = "meshtrain_complete.json";
+
+struct CheckpointFile {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+struct HfSaveOptions {
+  torch::Dtype dtype = torch::kFloat32;      // of the stored weights: kFloat32 or kBFloat16
+  uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's default shard size ("5GB")
+};
+
+// Writes config.json and the weights into `dir` (created if needed; an old marker there is removed first) and
+// returns the files written. The directory is not complete until write_completion_marker.
+std::vector<CheckpointFile> save_hf_weights(const std::filesystem::path& dir, LlamaForCausalLM& model,
+                                            const HfSaveOptions& options = {});
+// Writes the completion marker listing `files`; the checkpoint is complete once this returns.
+void write_completion_marker(const std::filesystem::path& dir, const std::vector<CheckpointFile>& files);
+// save_hf_weights + write_completion_marker.
+void save_hf_checkpoint(const std::filesystem::path& dir, LlamaForCausalLM& model, const HfSaveOptions& options = {});
+
+// True if `dir` holds a completion marker (the files are verified when read).
+bool is_complete_checkpoint(const std::filesystem::path& dir);
+// Reads and checks every file listed in the marker (size and CRC-32C); UserError naming the first bad one.
+void verify_checkpoint_files(const std::filesystem::path& dir);
+
+// The LlamaConfig of the checkpoint in `dir` (its config.json).
+LlamaConfig read_hf_config(const std::filesystem::path& dir);
+// Loads every parameter of `model` from `dir`: the architecture in config.json must equal the model's, every
+// parameter must be present with its shape (stored dtype converted), and no unknown tensor may be left over.
+void load_hf_checkpoint(const std::filesystem::path& dir, LlamaForCausalLM& model);
+
+}  // namespace meshtrain::model

@@ -1,0 +1,252 @@
+// llama.cpp — the Llama-3 modules, rotary embedding with Llama-3.1 scaling, loss helpers, HF-style initialization.
+// Shape suffixes as in llama.hpp: B batch, T sequence, D hidden, V vocab, H/K query/key-value heads, G = H/K,
+// E head_dim, F intermediate, S key positions.
+#include "meshtrain/model/llama.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+#include <cmath>
+
+namespace meshtrain::model {
+
+DenseLinear::DenseLinear(int64_t in_features, int64_t out_features) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+}
+
+torch::Tensor DenseLinear::forward(const torch::Tensor& x_NI) {
+  return torch::matmul(x_NI, weight.to(x_NI.scalar_type()).t());
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({dim})); }
+
+torch::Tensor RMSNorm::forward(const torch::Tensor& x_BTD) {
+  torch::Tensor x32_BTD = x_BTD.to(torch::kFloat32);
+  torch::Tensor inverse_rms_BT1 = torch::rsqrt(x32_BTD.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight.to(x_BTD.scalar_type()) * (x32_BTD * inverse_rms_BT1).to(x_BTD.scalar_type());
+}
+
+torch::Tensor rope_inverse_frequencies(const LlamaConfig& config) {
+  const int64_t E = config.head_dim;
+  torch::Tensor exponents = torch::arange(0, E, 2, torch::kInt64).to(torch::kFloat32) / static_cast<float>(E);
+  torch::Tensor inverse_frequencies = 1.0 / torch::pow(config.rope_theta, exponents);
+  if (!config.rope_scaling) return inverse_frequencies;
+
+  const Llama3RopeScaling& s = *config.rope_scaling;
+  const double old_context = static_cast<double>(s.original_max_position_embeddings);
+  const double low_freq_wavelength = old_context / s.low_freq_factor;
+  const double high_freq_wavelength = old_context / s.high_freq_factor;
+  torch::Tensor wavelength = 2 * M_PI / inverse_frequencies;
+  // Long wavelengths (low frequencies) are slowed by `factor`, short ones kept, the band between interpolated.
+  torch::Tensor scaled =
+      torch::where(wavelength > low_freq_wavelength, inverse_frequencies / s.factor, inverse_frequencies);
+  torch::Tensor smooth = (old_context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  torch::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  torch::Tensor is_medium = (wavelength >= high_freq_wavelength).logical_and(wavelength <= low_freq_wavelength);
+  return torch::where(is_medium, smoothed, scaled);
+}
+
+RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len, torch::Dtype dtype) {
+  torch::Tensor positions_T = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
+  torch::Tensor angles_TE = torch::outer(positions_T, inverse_frequencies).repeat({1, 2});
+  return {angles_TE.cos().to(dtype), angles_TE.sin().to(dtype)};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope) {
+  const int64_t T = x_BHTE.size(2), half = x_BHTE.size(3) / 2;
+  torch::Tensor cos_TE = rope.cos_TE.narrow(0, 0, T), sin_TE = rope.sin_TE.narrow(0, 0, T);
+  torch::Tensor rotated_BHTE = torch::cat({-x_BHTE.narrow(-1, half, half), x_BHTE.narrow(-1, 0, half)}, -1);
+  return x_BHTE * cos_TE + rotated_BHTE * sin_TE;
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& config)
+    : head_dim_(config.head_dim), heads_per_kv_head_(config.num_attention_heads / config.num_key_value_heads) {
+  const int64_t D = config.hidden_size, q_width = config.num_attention_heads * config.head_dim,
+                kv_width = config.num_key_value_heads * config.head_dim;
+  q_proj = register_module("q_proj", std::make_shared<DenseLinear>(D, q_width));
+  k_proj = register_module("k_proj", std::make_shared<DenseLinear>(D, kv_width));
+  v_proj = register_module("v_proj", std::make_shared<DenseLinear>(D, kv_width));
+  o_proj = register_module("o_proj", std::make_shared<DenseLinear>(q_width, D));
+}
+
+torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTables& rope) {
+  const int64_t B = x_BTD.size(0), T = x_BTD.size(1), E = head_dim_, G = heads_per_kv_head_;
+  torch::Tensor q_BHTE = apply_rope(q_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2), rope);
+  torch::Tensor k_BKTE = apply_rope(k_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2), rope);
+  torch::Tensor v_BKTE = v_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2);
+  const int64_t H = q_BHTE.size(1), K = k_BKTE.size(1);
+  MT_CHECK(H == K * G, "attention: {} local query heads do not match {} key/value heads x {} per group", H, K, G);
+
+  // Grouped-query attention without copying K/V per query head: query head h = k*G + g reads key/value head k, so
+  // the G query heads of a group are stacked along the row axis of one matmul against their shared K.
+  torch::Tensor q_BKRE = q_BHTE.reshape({B, K, G * T, E});  // R = G*T rows: (g, t)
+  torch::Tensor scores_BKRS = torch::matmul(q_BKRE, k_BKTE.transpose(-1, -2)).mul(1.0 / std::sqrt(double(E)));
+  torch::Tensor future_TS = torch::ones({T, T}, torch::kBool).triu(1);
+  torch::Tensor scores_BKGTS = scores_BKRS.view({B, K, G, T, T}).to(torch::kFloat32).masked_fill(future_TS, -INFINITY);
+  torch::Tensor probs_BKRS = torch::softmax(scores_BKGTS, -1).to(x_BTD.scalar_type()).view({B, K, G * T, T});
+  torch::Tensor out_BKRE = torch::matmul(probs_BKRS, v_BKTE);
+  torch::Tensor out_BTHE = out_BKRE.view({B, H, T, E}).transpose(1, 2);
+  return o_proj->forward(out_BTHE.reshape({B, T, H * E}));
+}
+
+std::shared_ptr<Linear>& LlamaAttention::linear_slot(const std::string& child) {
+  if (child == "q_proj") return q_proj;
+  if (child == "k_proj") return k_proj;
+  if (child == "v_proj") return v_proj;
+  MT_CHECK(child == "o_proj", "attention has no projection '{}' (q_proj, k_proj, v_proj, o_proj)", child);
+  return o_proj;
+}
+
+LlamaMLP::LlamaMLP(const LlamaConfig& config) {
+  const int64_t D = config.hidden_size, F = config.intermediate_size;
+  gate_proj = register_module("gate_proj", std::make_shared<DenseLinear>(D, F));
+  up_proj = register_module("up_proj", std::make_shared<DenseLinear>(D, F));
+  down_proj = register_module("down_proj", std::make_shared<DenseLinear>(F, D));
+}
+
+torch::Tensor LlamaMLP::forward(const torch::Tensor& x_BTD) {
+  torch::Tensor hidden_BTF = torch::silu(gate_proj->forward(x_BTD)) * up_proj->forward(x_BTD);
+  return down_proj->forward(hidden_BTF);
+}
+
+std::shared_ptr<Linear>& LlamaMLP::linear_slot(const std::string& child) {
+  if (child == "gate_proj") return gate_proj;
+  if (child == "up_proj") return up_proj;
+  MT_CHECK(child == "down_proj", "MLP has no projection '{}' (gate_proj, up_proj, down_proj)", child);
+  return down_proj;
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config) {
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(config));
+  mlp = register_module("mlp", std::make_shared<LlamaMLP>(config));
+  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayer::forward(const torch::Tensor& x_BTD, const RopeTables& rope) {
+  torch::Tensor h_BTD = x_BTD + self_attn->forward(input_layernorm->forward(x_BTD), rope);
+  return h_BTD + mlp->forward(post_attention_layernorm->forward(h_BTD));
+}
+
+LlamaModel::LlamaModel(const LlamaConfig& config) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  layer_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    layers.push_back(std::make_shared<LlamaDecoderLayer>(config));
+    layer_list->push_back(layers.back());
+  }
+  norm = register_module("norm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps));
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& config) : config_(config) {
+  config_.validate("model config");
+  model = register_module("model", std::make_shared<LlamaModel>(config_));
+  if (!config_.tie_word_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<DenseLinear>(config_.hidden_size, config_.vocab_size));
+  inverse_frequencies_ = rope_inverse_frequencies(config_);
+}
+
+void LlamaForCausalLM::set_compute_dtype(torch::Dtype dtype) {
+  MT_USER_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
+                "compute dtype must be float32 or bfloat16, got {}", c10::toString(dtype));
+  compute_dtype_ = dtype;
+  rope_cache_ = {};
+}
+
+const RopeTables& LlamaForCausalLM::rope_for(int64_t seq_len) {
+  if (!rope_cache_.cos_TE.defined() || rope_cache_.cos_TE.size(0) < seq_len)
+    rope_cache_ = rope_tables(inverse_frequencies_, seq_len, compute_dtype_);
+  return rope_cache_;
+}
+
+torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
+  MT_USER_CHECK(tokens_BT.dim() == 2 && tokens_BT.scalar_type() == torch::kInt64,
+                "model input must be int64 tokens [batch, seq], got {} {}", c10::toString(tokens_BT.scalar_type()),
+                c10::str(tokens_BT.sizes()));
+  const int64_t T = tokens_BT.size(1);
+  MT_USER_CHECK(T <= config_.max_position_embeddings, "sequence of {} tokens exceeds max_position_embeddings {}", T,
+                config_.max_position_embeddings);
+  const RopeTables& rope = rope_for(T);
+  torch::Tensor x_BTD = model->embed_tokens->forward(tokens_BT).to(compute_dtype_);
+  for (size_t i = 0; i < model->layers.size(); ++i) {
+    LlamaDecoderLayer& layer = *model->layers[i];
+    x_BTD = layer_runner_ ? layer_runner_(static_cast<int64_t>(i), layer, x_BTD, rope) : layer.forward(x_BTD, rope);
+  }
+  x_BTD = model->norm->forward(x_BTD);
+  torch::Tensor logits_BTV = lm_head ? lm_head->forward(x_BTD)
+                                     : torch::matmul(x_BTD, model->embed_tokens->weight.to(compute_dtype_).t());
+  return logits_BTV.to(torch::kFloat32);
+}
+
+std::vector<std::string> LlamaForCausalLM::linear_names() const {
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::string layer = "model.layers." + std::to_string(i);
+    for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) names.push_back(layer + ".self_attn." + p);
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) names.push_back(layer + ".mlp." + p);
+  }
+  if (lm_head) names.push_back("lm_head");
+  return names;
+}
+
+std::shared_ptr<Linear>& LlamaForCausalLM::linear_slot(const std::string& child) {
+  MT_CHECK(child == "lm_head" && lm_head, "the model has no projection '{}'", child);
+  return lm_head;
+}
+
+namespace {
+
+// The owner module and child name of the projection `name` ("model.layers.0.mlp.up_proj" -> (mlp, "up_proj")).
+std::pair<LinearOwner*, torch::nn::Module*> linear_owner(LlamaForCausalLM& model, const std::string& name,
+                                                         std::string& child) {
+  auto dot = name.rfind('.');
+  child = dot == std::string::npos ? name : name.substr(dot + 1);
+  if (dot == std::string::npos) return {&model, &model};
+  auto modules = model.named_modules(/*name_prefix=*/"", /*include_self=*/false);
+  const std::shared_ptr<torch::nn::Module>* parent = modules.find(name.substr(0, dot));
+  auto* owner = parent ? dynamic_cast<LinearOwner*>(parent->get()) : nullptr;
+  MT_CHECK(owner, "'{}' is not a projection of the model", name);
+  return {owner, parent->get()};
+}
+
+}  // namespace
+
+std::shared_ptr<Linear> LlamaForCausalLM::linear(const std::string& name) {
+  std::string child;
+  return linear_owner(*this, name, child).first->linear_slot(child);
+}
+
+void LlamaForCausalLM::replace_linear(const std::string& name, std::shared_ptr<Linear> replacement) {
+  std::string child;
+  auto [owner, module] = linear_owner(*this, name, child);
+  std::shared_ptr<Linear>& slot = owner->linear_slot(child);
+  MT_CHECK(slot, "the model has no projection '{}'", name);
+  module->replace_module(child, replacement);
+  slot = std::move(replacement);
+}
+
+void initialize_parameters(LlamaForCausalLM& model, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator generator = at::detail::createCPUGenerator(seed);
+  const double std = model.config().initializer_range;
+  for (auto& named : model.named_parameters()) {
+    torch::Tensor& p = named.value();
+    if (p.dim() == 1)
+      p.fill_(1.0);  // RMSNorm weights
+    else
+      p.normal_(0.0, std, generator);
+  }
+}
+
+torch::Tensor token_cross_entropy(const torch::Tensor& logits_BTV, const torch::Tensor& targets_BT) {
+  const int64_t V = logits_BTV.size(-1);
+  return torch::nn::functional::cross_entropy(logits_BTV.reshape({-1, V}).to(torch::kFloat32),
+                                              targets_BT.reshape({-1}));
+}
+
+torch::Tensor target_logprobs(const torch::Tensor& logits_BTV, const torch::Tensor& targets_BT) {
+  torch::Tensor logprobs_BTV = torch::log_softmax(logits_BTV.to(torch::kFloat32), -1);
+  return logprobs_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1);
+}
+
+}  // namespace meshtrain::model

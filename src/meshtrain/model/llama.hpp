@@ -1,0 +1,158 @@
+// llama.hpp — the Llama-3 decoder for one device (no communication in it), as a plain torch::nn::Module tree whose
+// parameter names are Hugging Face's (`model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`, ...,
+// `model.norm.weight`, `lm_head.weight`), so checkpoints map one to one and a parallelizer can work from outside:
+//
+//   * every projection is a `Linear` (an abstract y = x W^T with weight [out, in]); `replace_linear(name, ...)` swaps
+//     one for a column- or row-parallel version. Attention infers its local head count from q_proj's output width,
+//     so a q/k/v projection that returns a slice of the heads just works.
+//   * `set_layer_runner` lets the caller run each decoder layer itself (FSDP gathers, activation checkpointing).
+//
+// Parameters are kept in fp32; `set_compute_dtype(kBFloat16)` runs the matmuls in bf16 (weights cast on the fly,
+// gradients land in fp32), with RMSNorm statistics, softmax and the logits in fp32.
+//
+// Shape suffixes: B batch, T sequence (positions), D hidden_size, V vocab, H query heads (local), K key/value heads
+// (local), G query heads per key/value head (H = K*G), E head_dim, F intermediate_size, S key positions (= T).
+#pragma once
+
+#include "meshtrain/model/llama_config.hpp"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace meshtrain::model {
+
+// y = x W^T with W [out_features, in_features] registered as "weight" (nn.Linear layout, no bias).
+class Linear : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& x_NI) = 0;
+};
+
+// The single-device projection: one dense weight, cast to the input's dtype for the matmul.
+class DenseLinear : public Linear {
+ public:
+  DenseLinear(int64_t in_features, int64_t out_features);
+  torch::Tensor forward(const torch::Tensor& x_NI) override;
+  torch::Tensor weight;  // [out_features, in_features]
+};
+
+// A module that holds Linear children by name (attention, MLP, the model's head).
+class LinearOwner {
+ public:
+  virtual ~LinearOwner() = default;
+  // The slot of the child projection `child` ("q_proj", ...); Error if there is none of that name.
+  virtual std::shared_ptr<Linear>& linear_slot(const std::string& child) = 0;
+};
+
+// x / sqrt(mean(x^2) + eps) * weight, the statistics in fp32 (torch 1.13 has no rms_norm op).
+class RMSNorm : public torch::nn::Module {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x_BTD);
+  torch::Tensor weight;  // [D]
+ private:
+  double eps_;
+};
+
+// The rotary embedding's inverse frequencies [E/2] for `config` (rope_theta, and the Llama-3.1 scaling if set),
+// computed as Hugging Face's `_compute_llama3_parameters` does.
+torch::Tensor rope_inverse_frequencies(const LlamaConfig& config);
+
+// cos and sin tables [T, E] for positions 0..T-1 in HF's rotate-half layout (each frequency twice: [f, f]).
+struct RopeTables {
+  torch::Tensor cos_TE;
+  torch::Tensor sin_TE;
+};
+RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len, torch::Dtype dtype);
+
+// x * cos + rotate_half(x) * sin with rotate_half([x1, x2]) = [-x2, x1]; x is [B, heads, T, E].
+torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope);
+
+class LlamaAttention : public torch::nn::Module, public LinearOwner {
+ public:
+  explicit LlamaAttention(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x_BTD, const RopeTables& rope);
+  std::shared_ptr<Linear>& linear_slot(const std::string& child) override;
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  int64_t head_dim_;
+  int64_t heads_per_kv_head_;  // G
+};
+
+class LlamaMLP : public torch::nn::Module, public LinearOwner {
+ public:
+  explicit LlamaMLP(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x_BTD);  // down(silu(gate(x)) * up(x))
+  std::shared_ptr<Linear>& linear_slot(const std::string& child) override;
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+};
+
+class LlamaDecoderLayer : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayer(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x_BTD, const RopeTables& rope);
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<LlamaMLP> mlp;
+};
+
+// Runs layer `index` on x (the default calls layer.forward(x, rope)).
+using LayerRunner =
+    std::function<torch::Tensor(int64_t index, LlamaDecoderLayer& layer, const torch::Tensor& x_BTD, const RopeTables&)>;
+
+// HF's LlamaModel: embedding, decoder layers, final norm (registered as "model" in LlamaForCausalLM).
+class LlamaModel : public torch::nn::Module {
+ public:
+  explicit LlamaModel(const LlamaConfig& config);
+  torch::nn::Embedding embed_tokens{nullptr};
+  std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;  // the children of layer_list, typed
+  torch::nn::ModuleList layer_list{nullptr};              // registered as "layers": names "layers.<i>"
+  std::shared_ptr<RMSNorm> norm;
+};
+
+class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
+ public:
+  explicit LlamaForCausalLM(const LlamaConfig& config);
+
+  // Logits [B, T, V] in fp32 for int64 tokens [B, T] (T <= max_position_embeddings).
+  torch::Tensor forward(const torch::Tensor& tokens_BT);
+
+  const LlamaConfig& config() const { return config_; }
+  void set_compute_dtype(torch::Dtype dtype);  // kFloat32 (default) or kBFloat16
+  torch::Dtype compute_dtype() const { return compute_dtype_; }
+  void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
+
+  // HF names of every projection, e.g. "model.layers.3.self_attn.q_proj", "lm_head" (absent when tied).
+  std::vector<std::string> linear_names() const;
+  std::shared_ptr<Linear> linear(const std::string& name);
+  // Replaces the projection `name` (module and parameter names follow: "<name>.weight" if the new one has a weight).
+  void replace_linear(const std::string& name, std::shared_ptr<Linear> replacement);
+  std::shared_ptr<Linear>& linear_slot(const std::string& child) override;
+
+  std::shared_ptr<LlamaModel> model;
+  std::shared_ptr<Linear> lm_head;  // nullptr when tie_word_embeddings (the embedding table is the head)
+
+ private:
+  const RopeTables& rope_for(int64_t seq_len);
+
+  LlamaConfig config_;
+  torch::Dtype compute_dtype_ = torch::kFloat32;
+  LayerRunner layer_runner_;
+  torch::Tensor inverse_frequencies_;
+  RopeTables rope_cache_;  // for the longest T seen so far, in compute_dtype_
+};
+
+// Fills every parameter as Hugging Face initializes a LlamaForCausalLM (projections and embedding ~ N(0, range^2),
+// norms = 1), from its own generator seeded with `seed` (the global torch RNG is untouched).
+void initialize_parameters(LlamaForCausalLM& model, uint64_t seed);
+
+// Mean cross entropy of targets [B, T] under logits [B, T, V] (for next-token training: inputs = tokens[:, :-1],
+// targets = tokens[:, 1:]). fp32.
+torch::Tensor token_cross_entropy(const torch::Tensor& logits_BTV, const torch::Tensor& targets_BT);
+// log p(targets[b, t]) under logits[b, t] as [B, T] (fp32).
+torch::Tensor target_logprobs(const torch::Tensor& logits_BTV, const torch::Tensor& targets_BT);
+
+}  // namespace meshtrain::model

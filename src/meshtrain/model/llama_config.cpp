@@ -1,0 +1,199 @@
+// llama_config.cpp — LlamaConfig from the run config and from/to Hugging Face config.json; derived counts.
+#include "meshtrain/model/llama_config.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+namespace meshtrain::model {
+namespace {
+
+// A YAML/JSON value that may be absent or null: the caller's default applies.
+bool present(const config::Config& config, const std::string& key) {
+  return config.has(key) && !config.node(key).IsNull();
+}
+
+template <typename T>
+T json_or(const nlohmann::json& json, const char* key, T fallback, const std::string& source) {
+  auto it = json.find(key);
+  if (it == json.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw UserError(fmt::format("{}: key '{}' has the wrong type: {}", source, key, it->dump()));
+  }
+}
+
+template <typename T>
+T json_required(const nlohmann::json& json, const char* key, const std::string& source) {
+  MT_USER_CHECK(json.contains(key) && !json[key].is_null(), "{}: required key '{}' is missing", source, key);
+  return json_or<T>(json, key, T{}, source);
+}
+
+// HF allows eos_token_id to be a list (Llama-3.1 instruct); the first entry is the end-of-text token.
+int64_t token_id(const nlohmann::json& json, const char* key, const std::string& source) {
+  auto it = json.find(key);
+  if (it == json.end() || it->is_null()) return 0;
+  if (it->is_array() && !it->empty()) return (*it)[0].get<int64_t>();
+  MT_USER_CHECK(it->is_number_integer(), "{}: key '{}' must be a token id or a list of them, got {}", source, key,
+                it->dump());
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_run_config(const config::Config& config) {
+  LlamaConfig c;
+  c.vocab_size = config.get_int("model.vocab_size");
+  c.hidden_size = config.get_int("model.hidden_size");
+  c.intermediate_size = config.get_int("model.intermediate_size");
+  c.num_hidden_layers = config.get_int("model.num_hidden_layers");
+  c.num_attention_heads = config.get_int("model.num_attention_heads");
+  c.num_key_value_heads = present(config, "model.num_key_value_heads") ? config.get_int("model.num_key_value_heads")
+                                                                        : c.num_attention_heads;
+  c.head_dim = present(config, "model.head_dim") ? config.get_int("model.head_dim") : 0;
+  if (present(config, "model.max_position_embeddings"))
+    c.max_position_embeddings = config.get_int("model.max_position_embeddings");
+  if (present(config, "model.rms_norm_eps")) c.rms_norm_eps = config.get_float("model.rms_norm_eps");
+  if (present(config, "model.rope_theta")) c.rope_theta = config.get_float("model.rope_theta");
+  if (present(config, "model.tie_word_embeddings")) c.tie_word_embeddings = config.get_bool("model.tie_word_embeddings");
+  if (present(config, "model.initializer_range")) c.initializer_range = config.get_float("model.initializer_range");
+  if (present(config, "model.bos_token_id")) c.bos_token_id = config.get_int("model.bos_token_id");
+  if (present(config, "model.eos_token_id")) c.eos_token_id = config.get_int("model.eos_token_id");
+  if (present(config, "model.rope_scaling")) {
+    std::string type = config.get_string("model.rope_scaling.rope_type");
+    MT_USER_CHECK(type == "llama3", "model.rope_scaling.rope_type is '{}'; only 'llama3' is supported", type);
+    Llama3RopeScaling s;
+    s.factor = config.get_float("model.rope_scaling.factor");
+    s.low_freq_factor = config.get_float("model.rope_scaling.low_freq_factor");
+    s.high_freq_factor = config.get_float("model.rope_scaling.high_freq_factor");
+    s.original_max_position_embeddings = config.get_int("model.rope_scaling.original_max_position_embeddings");
+    c.rope_scaling = s;
+  }
+  if (c.head_dim == 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.validate("config key model");
+  return c;
+}
+
+LlamaConfig LlamaConfig::from_hf_json(const nlohmann::json& json, const std::string& source) {
+  MT_USER_CHECK(json.is_object(), "{}: expected a JSON object", source);
+  std::string model_type = json_or<std::string>(json, "model_type", "llama", source);
+  MT_USER_CHECK(model_type == "llama", "{}: model_type is '{}'; only 'llama' is supported", source, model_type);
+  MT_USER_CHECK(!json_or<bool>(json, "attention_bias", false, source), "{}: attention_bias=true is not supported",
+                source);
+  MT_USER_CHECK(!json_or<bool>(json, "mlp_bias", false, source), "{}: mlp_bias=true is not supported", source);
+  std::string act = json_or<std::string>(json, "hidden_act", "silu", source);
+  MT_USER_CHECK(act == "silu", "{}: hidden_act is '{}'; only 'silu' is supported", source, act);
+
+  LlamaConfig c;
+  c.vocab_size = json_required<int64_t>(json, "vocab_size", source);
+  c.hidden_size = json_required<int64_t>(json, "hidden_size", source);
+  c.intermediate_size = json_required<int64_t>(json, "intermediate_size", source);
+  c.num_hidden_layers = json_required<int64_t>(json, "num_hidden_layers", source);
+  c.num_attention_heads = json_required<int64_t>(json, "num_attention_heads", source);
+  c.num_key_value_heads = json_or<int64_t>(json, "num_key_value_heads", c.num_attention_heads, source);
+  c.head_dim = json_or<int64_t>(json, "head_dim", c.num_attention_heads ? c.hidden_size / c.num_attention_heads : 0,
+                                source);
+  c.max_position_embeddings = json_or<int64_t>(json, "max_position_embeddings", c.max_position_embeddings, source);
+  c.rms_norm_eps = json_or<double>(json, "rms_norm_eps", c.rms_norm_eps, source);
+  c.rope_theta = json_or<double>(json, "rope_theta", 10000.0, source);  // HF's default when the key is absent
+  c.tie_word_embeddings = json_or<bool>(json, "tie_word_embeddings", false, source);
+  c.initializer_range = json_or<double>(json, "initializer_range", c.initializer_range, source);
+  c.bos_token_id = token_id(json, "bos_token_id", source);
+  c.eos_token_id = token_id(json, "eos_token_id", source);
+  if (auto it = json.find("rope_scaling"); it != json.end() && !it->is_null()) {
+    // Older files call the type "type"; both spellings name the same thing.
+    std::string type = json_or<std::string>(*it, "rope_type", json_or<std::string>(*it, "type", "", source), source);
+    MT_USER_CHECK(type == "llama3", "{}: rope_scaling type is '{}'; only 'llama3' is supported", source, type);
+    Llama3RopeScaling s;
+    s.factor = json_required<double>(*it, "factor", source + " rope_scaling");
+    s.low_freq_factor = json_required<double>(*it, "low_freq_factor", source + " rope_scaling");
+    s.high_freq_factor = json_required<double>(*it, "high_freq_factor", source + " rope_scaling");
+    s.original_max_position_embeddings =
+        json_required<int64_t>(*it, "original_max_position_embeddings", source + " rope_scaling");
+    c.rope_scaling = s;
+  }
+  c.validate(source);
+  return c;
+}
+
+nlohmann::json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
+  nlohmann::json j = {
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"head_dim", head_dim},
+      {"max_position_embeddings", max_position_embeddings},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"initializer_range", initializer_range},
+      {"bos_token_id", bos_token_id},
+      {"eos_token_id", eos_token_id},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"mlp_bias", false},
+      {"attention_dropout", 0.0},
+      {"torch_dtype", torch_dtype},
+  };
+  if (rope_scaling) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rope_scaling->factor},
+                         {"low_freq_factor", rope_scaling->low_freq_factor},
+                         {"high_freq_factor", rope_scaling->high_freq_factor},
+                         {"original_max_position_embeddings", rope_scaling->original_max_position_embeddings}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  return j;
+}
+
+void LlamaConfig::validate(const std::string& source) const {
+  MT_USER_CHECK(vocab_size > 0, "{}: vocab_size must be positive, got {}", source, vocab_size);
+  MT_USER_CHECK(hidden_size > 0, "{}: hidden_size must be positive, got {}", source, hidden_size);
+  MT_USER_CHECK(intermediate_size > 0, "{}: intermediate_size must be positive, got {}", source, intermediate_size);
+  MT_USER_CHECK(num_hidden_layers > 0, "{}: num_hidden_layers must be positive, got {}", source, num_hidden_layers);
+  MT_USER_CHECK(num_attention_heads > 0, "{}: num_attention_heads must be positive, got {}", source,
+                num_attention_heads);
+  MT_USER_CHECK(num_key_value_heads > 0 && num_attention_heads % num_key_value_heads == 0,
+                "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", source,
+                num_attention_heads, num_key_value_heads);
+  MT_USER_CHECK(head_dim > 0 && head_dim % 2 == 0, "{}: head_dim must be even and positive, got {}", source, head_dim);
+  MT_USER_CHECK(rms_norm_eps > 0, "{}: rms_norm_eps must be positive, got {}", source, rms_norm_eps);
+  MT_USER_CHECK(rope_theta > 0, "{}: rope_theta must be positive, got {}", source, rope_theta);
+  if (rope_scaling) {
+    MT_USER_CHECK(rope_scaling->factor > 0, "{}: rope_scaling.factor must be positive", source);
+    MT_USER_CHECK(rope_scaling->high_freq_factor > rope_scaling->low_freq_factor,
+                  "{}: rope_scaling.high_freq_factor ({}) must exceed low_freq_factor ({})", source,
+                  rope_scaling->high_freq_factor, rope_scaling->low_freq_factor);
+    MT_USER_CHECK(rope_scaling->original_max_position_embeddings > 0,
+                  "{}: rope_scaling.original_max_position_embeddings must be positive", source);
+  }
+}
+
+int64_t LlamaConfig::embedding_parameter_count() const { return vocab_size * hidden_size; }
+
+int64_t LlamaConfig::parameter_count() const {
+  const int64_t q_out = num_attention_heads * head_dim, kv_out = num_key_value_heads * head_dim;
+  const int64_t attention = hidden_size * q_out + 2 * hidden_size * kv_out + q_out * hidden_size;
+  const int64_t mlp = 3 * hidden_size * intermediate_size;
+  const int64_t norms = 2 * hidden_size;
+  const int64_t head = tie_word_embeddings ? 0 : vocab_size * hidden_size;
+  return embedding_parameter_count() + num_hidden_layers * (attention + mlp + norms) + hidden_size + head;
+}
+
+double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
+  const int64_t norms = (2 * num_hidden_layers + 1) * hidden_size;
+  // With tied embeddings the table is still multiplied once, by the output head.
+  const int64_t matmul_params =
+      parameter_count() - norms - (tie_word_embeddings ? 0 : embedding_parameter_count());
+  return 6.0 * static_cast<double>(matmul_params) +
+         12.0 * static_cast<double>(num_hidden_layers * num_attention_heads * head_dim * seq_len);
+}
+
+bool operator==(const LlamaConfig& a, const LlamaConfig& b) { return a.to_hf_json("") == b.to_hf_json(""); }
+
+}  // namespace meshtrain::model

@@ -1,0 +1,273 @@
+// prepare.cpp — the prepare pipeline: read documents in batches, tokenize the batches on a pool of threads, write
+// them in input order into shards.
+#include "meshtrain/tokens/prepare.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "meshtrain/common/atomic_file.hpp"
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/common/log.hpp"
+#include "meshtrain/tokens/shard_writer.hpp"
+
+namespace meshtrain::tokens {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kBatchTextBytes = 1 << 20;      // text per batch handed to one thread
+constexpr size_t kLargeDocumentBytes = 8 << 20;  // a document this large is tokenized by all threads together
+
+struct Source {
+  fs::path path;
+  bool jsonl;
+};
+
+std::vector<Source> list_sources(const std::vector<fs::path>& inputs) {
+  std::vector<Source> sources;
+  auto add = [&](const fs::path& file) { sources.push_back({file, file.extension() == ".jsonl"}); };
+  for (const fs::path& input : inputs) {
+    MT_USER_CHECK(fs::exists(input), "input {} does not exist", input.string());
+    if (!fs::is_directory(input)) {
+      add(input);
+      continue;
+    }
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(input)) {
+      std::string ext = entry.path().extension().string();
+      if (entry.is_regular_file() && (ext == ".txt" || ext == ".jsonl")) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    MT_USER_CHECK(!files.empty(), "input directory {} holds no .txt or .jsonl files", input.string());
+    for (const fs::path& file : files) add(file);
+  }
+  MT_USER_CHECK(!sources.empty(), "prepare needs at least one input file");
+  return sources;
+}
+
+// A batch of raw documents: whole text files, or JSONL lines still to be parsed (parsing runs on the pool).
+struct Batch {
+  const Source* source = nullptr;
+  uint64_t first_line = 0;  // JSONL: the line number of texts[0]
+  std::vector<std::string> texts;
+  size_t bytes = 0;
+  // Filled by the pool: the tokens of every document, and where each ends.
+  std::vector<uint32_t> tokens;
+  std::vector<size_t> document_ends;
+};
+
+// Reads documents from the sources in order, in batches of about kBatchTextBytes.
+class DocumentReader {
+ public:
+  explicit DocumentReader(const std::vector<Source>& sources) : sources_(sources) {}
+
+  std::optional<Batch> next() {
+    while (current_ < sources_.size()) {
+      const Source& source = sources_[current_];
+      if (!source.jsonl) {
+        Batch batch{&source, 0, {tokenizer::read_file_bytes(source.path)}, 0, {}, {}};
+        batch.bytes = batch.texts[0].size();
+        ++current_;
+        return batch;
+      }
+      if (!stream_.is_open()) {
+        stream_.open(source.path, std::ios::binary);
+        MT_USER_CHECK(stream_, "cannot open {}", source.path.string());
+        line_ = 0;
+      }
+      Batch batch{&source, line_ + 1, {}, 0, {}, {}};
+      std::string line;
+      while (batch.bytes < kBatchTextBytes && std::getline(stream_, line)) {
+        ++line_;
+        batch.bytes += line.size() + 1;
+        batch.texts.push_back(std::move(line));
+      }
+      if (stream_.eof()) {
+        stream_.close();
+        stream_.clear();
+        ++current_;
+      }
+      if (!batch.texts.empty()) return batch;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const std::vector<Source>& sources_;
+  size_t current_ = 0;
+  std::ifstream stream_;
+  uint64_t line_ = 0;
+};
+
+// Tokenizes every document of `batch` with one thread (`threads` for a single large text document).
+void tokenize_batch(const tokenizer::Tokenizer& tokenizer, const std::string& text_field, int threads, Batch& batch) {
+  std::optional<uint32_t> separator = tokenizer.end_of_text_id();
+  batch.tokens.reserve(batch.bytes / 3 + batch.texts.size() + 16);
+  for (size_t i = 0; i < batch.texts.size(); ++i) {
+    const std::string& raw = batch.texts[i];
+    std::string text;
+    if (batch.source->jsonl) {
+      if (raw.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+      nlohmann::json json;
+      try {
+        json = nlohmann::json::parse(raw);
+      } catch (const nlohmann::json::exception& e) {
+        throw UserError(
+            fmt::format("{}:{}: not a JSON object: {}", batch.source->path.string(), batch.first_line + i, e.what()));
+      }
+      MT_USER_CHECK(json.is_object() && json.contains(text_field) && json[text_field].is_string(),
+                    "{}:{}: expected a string field \"{}\" (set another with --text-field)",
+                    batch.source->path.string(), batch.first_line + i, text_field);
+      text = json[text_field].get<std::string>();
+    }
+    std::string_view document = batch.source->jsonl ? std::string_view(text) : std::string_view(raw);
+    if (separator) batch.tokens.push_back(*separator);
+    if (document.size() >= kLargeDocumentBytes && threads > 1) {
+      std::vector<uint32_t> ids = tokenizer.encode_parallel(document, threads);
+      batch.tokens.insert(batch.tokens.end(), ids.begin(), ids.end());
+    } else {
+      tokenizer.encode(document, batch.tokens);
+    }
+    batch.document_ends.push_back(batch.tokens.size());
+  }
+  batch.texts.clear();
+  batch.texts.shrink_to_fit();
+}
+
+class ProgressBar {
+ public:
+  ProgressBar(bool enabled, uint64_t total_bytes) : enabled_(enabled), total_(std::max<uint64_t>(total_bytes, 1)) {}
+  void update(uint64_t bytes, uint64_t tokens) {
+    if (!enabled_) return;
+    double fraction = std::min(1.0, double(bytes) / double(total_));
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    int filled = int(fraction * 30);
+    std::fprintf(stderr, "\rprepare [%s%s] %3.0f%%  %.1f / %.1f MB  %llu tokens  %.2f M tokens/s ",
+                 std::string(filled, '#').c_str(), std::string(30 - filled, '.').c_str(), fraction * 100, bytes / 1e6,
+                 total_ / 1e6, static_cast<unsigned long long>(tokens), seconds > 0 ? tokens / seconds / 1e6 : 0.0);
+    std::fflush(stderr);
+  }
+  void done() {
+    if (enabled_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool enabled_;
+  uint64_t total_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
+ShardIndex prepare_token_shards(const tokenizer::Tokenizer& tokenizer, const PrepareOptions& options) {
+  std::vector<Source> sources = list_sources(options.inputs);
+  const fs::path output = options.output_dir;
+  MT_USER_CHECK(!output.empty(), "prepare needs an output directory");
+  MT_USER_CHECK(options.overwrite || !fs::exists(output), "{} already exists (pass --force to replace it)",
+                output.string());
+  int threads = options.threads > 0 ? options.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+
+  fs::path partial = output.string() + ".partial-" + std::to_string(::getpid());
+  fs::remove_all(partial);
+  fs::create_directories(partial);
+
+  ShardIndex index;
+  index.tokenizer = {tokenizer.name(), tokenizer.kind(), tokenizer.fingerprint(), tokenizer.vocab_size(),
+                     tokenizer.end_of_text_id() ? int64_t(*tokenizer.end_of_text_id()) : -1};
+  index.token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
+  uint64_t total_bytes = 0;
+  for (const Source& source : sources) {
+    index.sources.push_back(source.path.string());
+    total_bytes += fs::file_size(source.path);
+  }
+
+  std::optional<ShardWriter> writer;
+  auto close_shard = [&] {
+    ShardEntry entry = writer->finish();
+    index.total_tokens += entry.tokens;
+    index.total_documents += entry.documents;
+    index.shards.push_back(entry);
+    writer.reset();
+  };
+  auto write_batch = [&](const Batch& batch) {
+    size_t begin = 0;
+    for (size_t end : batch.document_ends) {
+      if (!writer) {
+        std::string file = fmt::format("shard_{:05d}.tok", index.shards.size());
+        writer.emplace(partial / file, index.token_bytes, tokenizer.name(), tokenizer.fingerprint());
+      }
+      writer->append_document(batch.tokens.data() + begin, end - begin);
+      begin = end;
+      if (writer->token_count() >= options.shard_tokens) close_shard();
+    }
+  };
+
+  ProgressBar progress(options.progress, total_bytes);
+  DocumentReader reader(sources);
+  uint64_t bytes_done = 0, tokens_done = 0;
+  try {
+    for (;;) {
+      // One round: up to 2 batches per thread, tokenized in parallel, written in order.
+      std::vector<Batch> round;
+      while (round.size() < size_t(2 * threads)) {
+        std::optional<Batch> batch = reader.next();
+        if (!batch) break;
+        round.push_back(std::move(*batch));
+      }
+      if (round.empty()) break;
+      std::atomic<size_t> next{0};
+      std::exception_ptr failure;
+      std::mutex failure_mutex;
+      auto work = [&] {
+        for (size_t i; (i = next.fetch_add(1)) < round.size();) {
+          try {
+            tokenize_batch(tokenizer, options.text_field, round.size() == 1 ? threads : 1, round[i]);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(failure_mutex);
+            if (!failure) failure = std::current_exception();
+          }
+        }
+      };
+      std::vector<std::thread> pool;
+      for (int t = 1; t < std::min<int>(threads, int(round.size())); ++t) pool.emplace_back(work);
+      work();
+      for (std::thread& t : pool) t.join();
+      if (failure) std::rethrow_exception(failure);
+      for (const Batch& batch : round) {
+        write_batch(batch);
+        bytes_done += batch.bytes;
+        tokens_done += batch.tokens.size();
+      }
+      progress.update(bytes_done, tokens_done);
+    }
+    if (writer && writer->document_count() > 0) close_shard();
+  } catch (...) {
+    writer.reset();
+    fs::remove_all(partial);
+    throw;
+  }
+  progress.done();
+
+  // The index is the last file written; then the directory takes its final name.
+  write_file_atomically(partial / kIndexFileName, index_to_json(index));
+  if (fs::exists(output)) {
+    fs::path old = output.string() + ".old-" + std::to_string(::getpid());
+    fs::rename(output, old);
+    fs::rename(partial, output);
+    fs::remove_all(old);
+  } else {
+    if (output.has_parent_path()) fs::create_directories(output.parent_path());
+    fs::rename(partial, output);
+  }
+  return index;
+}
+
+}  // namespace meshtrain::tokens

@@ -1,0 +1,82 @@
+// shard_reader.hpp — opens a token-shard directory, validates it up front, and gives memory-mapped, zero-copy
+// access to each shard's tokens (uint16 or uint32) and document boundaries.
+//
+// Validation, in order, each failure a UserError naming the file and the check: index present and well-formed
+// (an interrupted `prepare` leaves none), tokenizer as expected, each shard present, not truncated, right magic,
+// right version, header checksum, counts equal to the index, payload CRC-32C, document offsets in order.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/tokens/shard_format.hpp"
+
+namespace meshtrain::tokens {
+
+// A read-only memory mapping of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::filesystem::path& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// One validated shard, mapped.
+class TokenShard {
+ public:
+  TokenShard(const std::filesystem::path& path, const ShardEntry& entry, bool verify_checksum);
+
+  const std::filesystem::path& path() const { return path_; }
+  const ShardHeader& header() const { return header_; }
+  uint64_t token_count() const { return header_.token_count; }
+  uint64_t document_count() const { return header_.document_count; }
+  uint32_t token_bytes() const { return header_.token_bytes; }
+  // The raw token array: uint16_t* when token_bytes() == 2, uint32_t* when 4.
+  const void* tokens() const { return file_->data() + header_.tokens_offset; }
+  uint32_t token(uint64_t i) const;
+  // Copies tokens [begin, begin + count) widened to uint32 into `out`.
+  void copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) const;
+  // Token offsets where documents start: document_count() + 1 entries, the last is token_count().
+  const uint64_t* document_starts() const {
+    return reinterpret_cast<const uint64_t*>(file_->data() + header_.documents_offset);
+  }
+
+ private:
+  std::filesystem::path path_;
+  std::shared_ptr<MappedFile> file_;
+  ShardHeader header_;
+};
+
+struct OpenOptions {
+  // If set, the tokenizer fingerprint the shards must have been prepared with (a mismatch is an error).
+  std::string expected_tokenizer_fingerprint;
+  // Check each shard's payload CRC-32C (reads every byte once; several GB/s).
+  bool verify_checksums = true;
+};
+
+class ShardDirectory {
+ public:
+  static ShardDirectory open(const std::filesystem::path& dir, const OpenOptions& options = {});
+
+  const std::filesystem::path& path() const { return path_; }
+  const ShardIndex& index() const { return index_; }
+  const std::vector<TokenShard>& shards() const { return shards_; }
+  uint64_t total_tokens() const { return index_.total_tokens; }
+
+ private:
+  std::filesystem::path path_;
+  ShardIndex index_;
+  std::vector<TokenShard> shards_;
+};
+
+}  // namespace meshtrain::tokens

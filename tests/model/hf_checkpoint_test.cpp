@@ -1,0 +1,190 @@
+// hf_checkpoint_test.cpp — safetensors and Hugging Face checkpoint directories: round trips (single file, sharded,
+// bf16), the completion marker, and damaged or mismatched checkpoints refused with the file and the check named.
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/model/hf_checkpoint.hpp"
+#include "meshtrain/model/safetensors.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::model {
+namespace {
+
+LlamaConfig small_config() {
+  LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 4;
+  return c;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("meshtrain_ckpt_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // The UserError message of `f`, or a test failure if it does not throw one.
+  template <typename F>
+  std::string user_error(F&& f) {
+    try {
+      f();
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected a UserError";
+    return "";
+  }
+
+  static void expect_same_parameters(LlamaForCausalLM& a, LlamaForCausalLM& b) {
+    auto pb = b.named_parameters();
+    for (const auto& p : a.named_parameters()) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointTest, SafetensorsRoundTripKeepsDtypesShapesAndMetadata) {
+  fs::create_directories(dir_);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = {
+      {"a", torch::randn({3, 5})},
+      {"b", torch::randn({7}).to(torch::kBFloat16)},
+      {"c", torch::arange(6, torch::kInt64).view({2, 3}).t()},  // non-contiguous on purpose
+      {"empty", torch::zeros({0, 4})}};
+  AtomicFileWriter writer(dir_ / "t.safetensors");
+  write_safetensors(writer, tensors, {{"format", "pt"}});
+  writer.commit();
+  EXPECT_FALSE(fs::exists(dir_ / "t.safetensors.tmp"));
+  SafetensorsFile file = SafetensorsFile::read(dir_ / "t.safetensors");
+  EXPECT_EQ(file.metadata().at("format"), "pt");
+  EXPECT_EQ(file.crc32c(), writer.crc32c());
+  for (const auto& [name, t] : tensors) {
+    torch::Tensor back = file.tensor(name);
+    EXPECT_EQ(back.scalar_type(), t.scalar_type()) << name;
+    EXPECT_TRUE(torch::equal(back, t)) << name;
+  }
+}
+
+TEST_F(CheckpointTest, SaveLoadRoundTripIsExactAndHasHfLayout) {
+  LlamaForCausalLM saved(small_config()), loaded(small_config());
+  initialize_parameters(saved, 1);
+  save_hf_checkpoint(dir_, saved);
+  EXPECT_TRUE(is_complete_checkpoint(dir_));
+  EXPECT_TRUE(fs::exists(dir_ / "config.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "model.safetensors.index.json"));
+  EXPECT_EQ(read_hf_config(dir_), saved.config());
+  verify_checkpoint_files(dir_);
+  load_hf_checkpoint(dir_, loaded);
+  expect_same_parameters(saved, loaded);
+}
+
+TEST_F(CheckpointTest, LargeCheckpointsAreShardedWithAnIndex) {
+  LlamaForCausalLM saved(small_config()), loaded(small_config());
+  initialize_parameters(saved, 2);
+  save_hf_checkpoint(dir_, saved, {torch::kFloat32, /*max_shard_bytes=*/4096});
+  std::ifstream in(dir_ / "model.safetensors.index.json");
+  nlohmann::json index = nlohmann::json::parse(in);
+  std::set<std::string> shards;
+  for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+  EXPECT_GT(shards.size(), 2u);
+  EXPECT_TRUE(shards.count(fmt::format("model-00001-of-{:05d}.safetensors", shards.size())));
+  EXPECT_EQ(index["weight_map"].size(), saved.named_parameters().size());
+  EXPECT_FALSE(fs::exists(dir_ / "model.safetensors"));
+  load_hf_checkpoint(dir_, loaded);
+  expect_same_parameters(saved, loaded);
+}
+
+TEST_F(CheckpointTest, Bf16CheckpointsLoadIntoFp32Parameters) {
+  LlamaForCausalLM saved(small_config()), loaded(small_config());
+  initialize_parameters(saved, 3);
+  save_hf_checkpoint(dir_, saved, {torch::kBFloat16});
+  SafetensorsFile file = SafetensorsFile::read(dir_ / "model.safetensors");
+  EXPECT_EQ(file.entry("lm_head.weight").dtype, torch::kBFloat16);
+  load_hf_checkpoint(dir_, loaded);
+  auto pl = loaded.named_parameters();
+  for (const auto& p : saved.named_parameters()) {
+    EXPECT_EQ(pl[p.key()].scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(pl[p.key()], p.value().to(torch::kBFloat16).to(torch::kFloat32))) << p.key();
+  }
+}
+
+TEST_F(CheckpointTest, TruncatedWeightsAreRefusedNamingFileAndCheck) {
+  LlamaForCausalLM model(small_config());
+  save_hf_checkpoint(dir_, model);
+  fs::resize_file(dir_ / "model.safetensors", fs::file_size(dir_ / "model.safetensors") - 10);
+  std::string message = user_error([&] { load_hf_checkpoint(dir_, model); });
+  EXPECT_NE(message.find("model.safetensors"), std::string::npos) << message;
+  EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointTest, FlippedByteFailsTheChecksum) {
+  LlamaForCausalLM model(small_config());
+  save_hf_checkpoint(dir_, model);
+  {
+    std::fstream f(dir_ / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  std::string message = user_error([&] { load_hf_checkpoint(dir_, model); });
+  EXPECT_NE(message.find("model.safetensors: checksum check failed"), std::string::npos) << message;
+  EXPECT_NE(user_error([&] { verify_checkpoint_files(dir_); }).find("checksum"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, InterruptedSaveIsRefused) {
+  LlamaForCausalLM model(small_config());
+  save_hf_weights(dir_, model);  // no completion marker
+  EXPECT_FALSE(is_complete_checkpoint(dir_));
+  std::string message = user_error([&] { load_hf_checkpoint(dir_, model); });
+  EXPECT_NE(message.find("incomplete checkpoint"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointTest, GarbageHeaderIsRefused) {
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "bad.safetensors") << "not a safetensors file at all";
+  std::string message = user_error([&] { SafetensorsFile::read(dir_ / "bad.safetensors"); });
+  EXPECT_NE(message.find("bad.safetensors: header length"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointTest, ArchitectureMismatchNamesTheKey) {
+  LlamaForCausalLM model(small_config());
+  save_hf_checkpoint(dir_, model);
+  LlamaConfig other = small_config();
+  other.num_key_value_heads = 4;
+  LlamaForCausalLM different(other);
+  std::string message = user_error([&] { load_hf_checkpoint(dir_, different); });
+  EXPECT_NE(message.find("num_key_value_heads"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointTest, HuggingFaceDirectoryWithoutMarkerLoads) {
+  // What a Hugging Face download looks like: no marker, no meshtrain key, an extra rotary buffer, a tied model.
+  LlamaConfig config = small_config();
+  config.tie_word_embeddings = true;
+  LlamaForCausalLM saved(config), loaded(config);
+  initialize_parameters(saved, 4);
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "config.json") << config.to_hf_json("float32").dump();
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& p : saved.named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  tensors.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", torch::ones({2}));
+  AtomicFileWriter writer(dir_ / "model.safetensors");
+  write_safetensors(writer, tensors);
+  writer.commit();
+  load_hf_checkpoint(dir_, loaded);
+  expect_same_parameters(saved, loaded);
+}
+
+}  // namespace
+}  // namespace meshtrain::model

