@@ -4,7 +4,11 @@
 #include "meshtrain/common/error.hpp"
 
 #include <fmt/format.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 
 namespace meshtrain::runtime {
 
@@ -81,7 +85,7 @@ bool needs_fp32_transport(const at::Tensor& t) {
 
 class ProcessGroupBackend final : public CommBackend {
  public:
-  explicit ProcessGroupBackend(c10::intrusive_ptr<c10d::ProcessGroup> group) : group_(std::move(group)) {}
+  explicit ProcessGroupBackend(c10::intrusive_ptr<C10dGroup> group) : group_(std::move(group)) {}
   int rank() const override { return group_->getRank(); }
   int size() const override { return group_->getSize(); }
 
@@ -119,7 +123,7 @@ class ProcessGroupBackend final : public CommBackend {
   void barrier() override { group_->barrier()->wait(); }
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<C10dGroup> group_;
 };
 
 int64_t payload_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
@@ -131,7 +135,7 @@ Comm::Comm(std::string label, std::shared_ptr<CollectiveCounters> counters)
       backend_(std::make_shared<SoloBackend>()),
       counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}
 
-Comm::Comm(std::string label, c10::intrusive_ptr<c10d::ProcessGroup> group, std::shared_ptr<CollectiveCounters> counters)
+Comm::Comm(std::string label, c10::intrusive_ptr<C10dGroup> group, std::shared_ptr<CollectiveCounters> counters)
     : label_(std::move(label)),
       backend_(std::make_shared<ProcessGroupBackend>(std::move(group))),
       counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include <array>
 #include <atomic>
@@ -15,9 +16,18 @@
 
 namespace c10d {
 class ProcessGroup;
-}
+class Backend;
+}  // namespace c10d
 
 namespace meshtrain::runtime {
+
+// The c10d class that collective implementations (Gloo, NCCL) derive from: ProcessGroup in libtorch 1.x, Backend in
+// 2.x (where ProcessGroup became a dispatcher over backends). Both have the collectives Comm uses.
+#if TORCH_VERSION_MAJOR >= 2
+using C10dGroup = c10d::Backend;
+#else
+using C10dGroup = c10d::ProcessGroup;
+#endif
 
 enum class Collective : int { allreduce = 0, allgather, broadcast, reduce_scatter, all_to_all, barrier };
 constexpr int kNumCollectives = 6;
@@ -46,7 +56,7 @@ class Comm {
   // A group of one device: every collective is the identity (and still counted).
   explicit Comm(std::string label = "solo", std::shared_ptr<CollectiveCounters> counters = nullptr);
   // A group over a c10d process group (rank and size come from it).
-  Comm(std::string label, c10::intrusive_ptr<c10d::ProcessGroup> group, std::shared_ptr<CollectiveCounters> counters);
+  Comm(std::string label, c10::intrusive_ptr<C10dGroup> group, std::shared_ptr<CollectiveCounters> counters);
 
   int rank() const;
   int size() const;
