@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "scratch_dir.hpp"
+
 #include <filesystem>
 #include <fstream>
 
@@ -15,7 +17,6 @@ namespace fs = std::filesystem;
 class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("meshtrain_config_test_" + std::to_string(::getpid()));
     fs::create_directories(dir_ / "model");
     write("defaults.yaml",
           "defaults:\n  - model: small\nseed: 42\nlearning_rate: 0.001\nname: run\nflag: false\nsizes: [1, 2]\n"
@@ -23,7 +24,6 @@ class ConfigTest : public ::testing::Test {
     write("model/small.yaml", "hidden_size: 64\nnum_hidden_layers: 2\n");
     write("model/big.yaml", "hidden_size: 4096\nnum_hidden_layers: 32\n");
   }
-  void TearDown() override { fs::remove_all(dir_); }
   void write(const std::string& name, const std::string& text) { std::ofstream(dir_ / name) << text; }
 
   std::string error_of(const std::vector<std::string>& overrides) {
@@ -35,7 +35,8 @@ class ConfigTest : public ::testing::Test {
     return "";
   }
 
-  fs::path dir_;
+  meshtrain::testing::ScratchDir scratch_{"meshtrain_config_test"};
+  const fs::path& dir_ = scratch_.path();
 };
 
 TEST_F(ConfigTest, DefaultsAndGroups) {

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "scratch_dir.hpp"
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -177,11 +179,9 @@ TEST(TokenizerTest, Gpt2TokenizerJsonMatchesTiktoken) {
       {"decoder", {{"type", "ByteLevel"}}},
       {"added_tokens", {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
-  fs::path dir = fs::temp_directory_path() / ("meshtrain_gpt2_json_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / "tokenizer.json") << json.dump();
-  auto from_json = load_tokenizer((dir / "tokenizer.json").string());
-  fs::remove_all(dir);
+  meshtrain::testing::ScratchDir dir("meshtrain_gpt2_json");
+  std::ofstream(dir.path() / "tokenizer.json") << json.dump();
+  auto from_json = load_tokenizer((dir.path() / "tokenizer.json").string());
   const Tokenizer& r50k = *tiktoken_tokenizers().at("r50k_base");
   EXPECT_EQ(from_json->vocab_size(), 50257u);
   EXPECT_EQ(*from_json->end_of_text_id(), 50256u);
@@ -277,8 +277,8 @@ TEST(TokenizerTest, SafeSplitNeedsNewlineBetweenTextAndLetter) {
 }
 
 TEST(TokenizerTest, ErrorsNameTheFile) {
-  fs::path dir = fs::temp_directory_path() / "meshtrain_tokenizer_test";
-  fs::create_directories(dir);
+  meshtrain::testing::ScratchDir scratch("meshtrain_tokenizer_test");
+  const fs::path& dir = scratch.path();
   std::ofstream(dir / "bad.tiktoken") << "IQ== 0\nnot-base64! 1\n";
   try {
     load_tokenizer((dir / "bad.tiktoken").string());
@@ -304,7 +304,6 @@ TEST(TokenizerTest, ErrorsNameTheFile) {
     EXPECT_NE(std::string(e.what()).find("normalizer must be null"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load_tokenizer("no-such-tokenizer"), UserError);
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "scratch_dir.hpp"
+
 #include <fstream>
 
 #include "meshtrain/common/error.hpp"
@@ -18,8 +20,6 @@ namespace fs = std::filesystem;
 class TokensPrepareTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("meshtrain_prepare_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
     fs::create_directories(dir_ / "in");
     std::ofstream(dir_ / "in" / "a.jsonl") << R"({"text": "hello", "id": 1})"
                                            << "\n\n"
@@ -27,7 +27,6 @@ class TokensPrepareTest : public ::testing::Test {
                                            << "\n";
     std::ofstream(dir_ / "in" / "b.txt") << "a whole file\nis one document\n";
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // All tokens of a directory, shard after shard, and the documents as token lists.
   static std::vector<std::vector<uint32_t>> documents_of(const ShardDirectory& dir) {
@@ -43,7 +42,8 @@ class TokensPrepareTest : public ::testing::Test {
     return documents;
   }
 
-  fs::path dir_;
+  meshtrain::testing::ScratchDir scratch_{"meshtrain_prepare_test"};
+  const fs::path& dir_ = scratch_.path();
   const std::vector<std::string> texts_ = {"hello", "wörld <|endoftext|>", "a whole file\nis one document\n"};
 };
 

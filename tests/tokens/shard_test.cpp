@@ -3,6 +3,8 @@
 // tokenizer-mismatched shards.
 #include <gtest/gtest.h>
 
+#include "scratch_dir.hpp"
+
 #include <fstream>
 
 #include "meshtrain/common/checksum.hpp"
@@ -17,12 +19,6 @@ namespace fs = std::filesystem;
 
 class TokensShardTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("meshtrain_shard_test_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
 
   // Writes a directory of one shard holding `documents`, with an index.
   void write_directory(const std::vector<std::vector<uint32_t>>& documents, uint32_t token_bytes) {
@@ -58,7 +54,8 @@ class TokensShardTest : public ::testing::Test {
 
   fs::path shard_path() const { return dir_ / "shard_00000.tok"; }
 
-  fs::path dir_;
+  meshtrain::testing::ScratchDir scratch_{"meshtrain_shard_test"};
+  const fs::path& dir_ = scratch_.path();
   const std::vector<std::vector<uint32_t>> documents_ = {{3, 10, 11, 12}, {3, 65535}, {3}, {3, 7, 8}};
 };
 
