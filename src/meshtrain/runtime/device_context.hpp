@@ -29,7 +29,6 @@ class DeviceContext {
   int device() const { return device_; }
   const mesh::DeviceInfo& info() const { return mesh_.device(device_); }
   int host() const { return info().host; }
-  at::Device torch_device() const { return at::Device(at::kCPU); }
 
   Comm& world();
   Comm& over(const std::vector<mesh::Axis>& axes);
