@@ -41,7 +41,7 @@ void log_and_save_config(const config::Config& config, int host) {
   log::info("Resolved config:\n{}", config.to_yaml());
   if (host != 0) return;
   std::filesystem::path path =
-      std::filesystem::path(config.get_string("output_dir")) / config.get_string("run_name") / "config.yaml";
+      std::filesystem::path(config.get_string("output_dir")) / "config.yaml";
   config.save(path);
   log::info("Resolved config saved to {}", path.string());
 }
