@@ -1,6 +1,6 @@
 # The README's commands. Each does all set-up itself (scripts/setup.sh is quick when everything is installed).
-#   make demo       2 simulated hosts x 4 virtual devices, the seed's mesh: every collective over every axis and
-#                   global tensors checked (real training lands with the trainer)
+#   make demo       the seed's scenario: 2 host processes x 4 virtual devices train a tiny Llama on the embedded
+#                   corpus with global_batch_size=8 over ici_mesh.fsdp=4 x dcn_mesh.fsdp=2, every data stage logged
 #   make test       every test (unit, multi-host, Python references)
 #   make test-fast  the fast set (leaves out suites named *SlowTest)
 BUILD_DIR ?= build
@@ -20,7 +20,8 @@ build: setup $(BUILD_DIR)/build.ninja
 	bash scripts/prepare_default_shards.sh $(MESHTRAIN)
 
 demo: build
-	$(MESHTRAIN) run --hosts 2 --devices-per-host 4 -- commcheck ici_mesh.fsdp=4 dcn_mesh.fsdp=2
+	$(MESHTRAIN) run --hosts 2 --devices-per-host 4 -- train ici_mesh.fsdp=4 dcn_mesh.fsdp=2 global_batch_size=8 \
+	  debug.data_shapes=true output_dir=outputs/demo checkpoint.resume=false
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

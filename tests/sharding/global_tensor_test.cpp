@@ -5,48 +5,21 @@
 #include "meshtrain/runtime/host_runtime.hpp"
 #include "meshtrain/sharding/global_tensor.hpp"
 
+#include "simulated_devices.hpp"
+
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <mutex>
-#include <thread>
 
 namespace meshtrain::sharding {
 namespace {
 
 using mesh::Axis;
 
-mesh::AxisSizes sizes(int data, int fsdp, int tensor, int expert) {
-  return mesh::AxisSizes{{data, fsdp, tensor, expert}};
-}
+using testing::expect_no_failures;
+using testing::run_on_all_devices;
 
-// Runs `fn` on one thread per device of `mesh` (every host simulated in this process); returns each device's
-// exception message ("" when it returned normally). Collectives time out after 30 s rather than hang a test.
-std::vector<std::string> run_on_all_devices(const mesh::Mesh& mesh,
-                                            const std::function<void(runtime::DeviceContext&)>& fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  std::vector<std::string> failures(mesh.num_devices());
-  std::vector<std::thread> threads;
-  for (int device = 0; device < mesh.num_devices(); ++device) {
-    threads.emplace_back([&, device] {
-      auto counters = std::make_shared<runtime::CollectiveCounters>();
-      runtime::DeviceContext ctx(mesh, device, runtime::gloo_group_factory(store, gloo_device, counters, 30), counters);
-      try {
-        fn(ctx);
-      } catch (const std::exception& e) {
-        failures[device] = e.what();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  return failures;
-}
-
-void expect_no_failures(const std::vector<std::string>& failures) {
-  for (size_t device = 0; device < failures.size(); ++device)
-    EXPECT_EQ(failures[device], "") << "device " << device;
-}
+mesh::AxisSizes sizes(int data, int fsdp, int tensor, int expert) { return testing::axis_sizes(data, fsdp, tensor, expert); }
 
 // The global tensor [rows, cols, depth] holding 0, 1, 2, ...
 at::Tensor counting(const Shape& shape) {

@@ -5,6 +5,7 @@
 namespace meshtrain::cli {
 
 int run_command(int argc, char** argv);        // meshtrain run: start host processes (launcher)
+int train_command(int argc, char** argv);      // meshtrain train: one host of a training job
 int commcheck_command(int argc, char** argv);  // meshtrain commcheck: collectives over every mesh axis, checked
 int plan_command(int argc, char** argv);       // meshtrain plan: mesh, device assignment (and more) without starting
 int score_command(int argc, char** argv);      // meshtrain score: per-token log-probs and loss under a checkpoint

@@ -16,6 +16,7 @@ struct Verb {
 
 const Verb kVerbs[] = {
     {"run", meshtrain::cli::run_command, "start H host processes here, or this node's host in a multi-node job"},
+    {"train", meshtrain::cli::train_command, "train a Llama over the mesh (one host; start all with `run`)"},
     {"commcheck", meshtrain::cli::commcheck_command, "run and check one collective over each mesh axis"},
     {"plan", meshtrain::cli::plan_command, "print the mesh and device assignment without starting anything"},
     {"score", meshtrain::cli::score_command, "per-token log-probabilities and mean loss of a text under a checkpoint"},

@@ -1,10 +1,15 @@
-// plan_command.cpp — `meshtrain plan`: the mesh and device assignment of a job, without starting anything.
+// plan_command.cpp — `meshtrain plan`: the mesh and device assignment of a job, and which samples and rows each host
+// and device reads at a given step, without starting anything.
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/cli/job_options.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/data/dataset.hpp"
+#include "meshtrain/data/global_sampler.hpp"
+#include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
 #include "meshtrain/sharding/visualize.hpp"
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -30,10 +35,73 @@ nlohmann::json mesh_json(const mesh::Mesh& mesh) {
           {"device_assignments", mesh.device_ids_in_mesh_order()}, {"devices", devices}};
 }
 
+// What the job reads at global step `global_step` (counted from the start of training, over epochs).
+struct StepPlan {
+  data::DataCursor cursor;
+  int64_t batches_per_epoch = 0;
+  std::vector<int64_t> global_batch;  // sample id of every global row
+  std::vector<data::ReadPlan> hosts;
+};
+
+StepPlan step_plan(const config::Config& config, const mesh::Mesh& mesh, int64_t global_step) {
+  MT_USER_CHECK(global_step >= 0, "--step must be 0 or more, got {}", global_step);
+  const int64_t global_batch_size = config.get_int("global_batch_size"), block_size = config.get_int("block_size");
+  // The index is enough for the sample count: no need to read every byte for a CRC.
+  const data::TokenDataset dataset(data::TokenDataset::resolve(config.get_string("dataset.path")), block_size,
+                                   /*verify_checksums=*/false);
+  const data::GlobalSampler sampler(static_cast<uint64_t>(config.get_int("seed")), dataset.num_samples(),
+                                    global_batch_size);
+  const sharding::PartitionSpec spec = data::input_sharding(config);
+  StepPlan plan;
+  plan.batches_per_epoch = sampler.batches_per_epoch();
+  plan.cursor = {global_step / plan.batches_per_epoch, global_step % plan.batches_per_epoch};
+  plan.global_batch = sampler.global_batch(plan.cursor.epoch, plan.cursor.step);
+  for (int host = 0; host < mesh.hosts(); ++host)
+    plan.hosts.push_back(data::ReadPlan::make(mesh, global_batch_size, block_size, spec, host));
+  return plan;
+}
+
+nlohmann::json data_json(const StepPlan& plan) {
+  nlohmann::json hosts = nlohmann::json::array();
+  for (const data::ReadPlan& host : plan.hosts) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (const data::DeviceRows& device : host.devices)
+      devices.push_back({{"device", device.device}, {"rows", device.rows()}});
+    hosts.push_back({{"host", host.host}, {"rows", host.rows}, {"devices", devices}});
+  }
+  return {{"epoch", plan.cursor.epoch}, {"step", plan.cursor.step}, {"global_batch", plan.global_batch},
+          {"hosts", hosts}};
+}
+
+// "17, 3, 99" for the sample ids of `rows`.
+std::string samples_of(const StepPlan& plan, const std::vector<int64_t>& rows) {
+  std::vector<int64_t> ids;
+  for (int64_t row : rows) ids.push_back(plan.global_batch[row]);
+  return fmt::format("{}", fmt::join(ids, ", "));
+}
+
+void print_data_plan(const StepPlan& plan, const mesh::Mesh& mesh, const config::Config& config, int64_t global_step) {
+  std::cout << "Data at step " << global_step << " = epoch " << plan.cursor.epoch << " step " << plan.cursor.step
+            << " (" << plan.batches_per_epoch << " global batches per epoch): input_ids/labels i32["
+            << config.get_int("global_batch_size") << ", " << config.get_int("block_size") << "], "
+            << "data.input_sharding=" << config.get_string("data.input_sharding")
+            << "; Minibatch dataloading: " << (plan.hosts.front().minibatch ? "True" : "False") << "\n";
+  std::cout << "  global batch: samples " << fmt::format("{}", fmt::join(plan.global_batch, ", ")) << "\n";
+  for (const data::ReadPlan& host : plan.hosts) {
+    std::cout << "  host " << host.host << " reads rows " << data::rows_string(host.rows) << " (samples "
+              << samples_of(plan, host.rows) << ")\n";
+    for (const data::DeviceRows& device : host.devices)
+      std::cout << "    device " << device.device << " (" << mesh.coords_string(device.device) << ") holds rows "
+                << sharding::range_string(device.begin, device.count) << " (samples "
+                << samples_of(plan, device.rows()) << ")\n";
+  }
+}
+
 }  // namespace
 
 int plan_command(int argc, char** argv) {
-  CLI::App app{"Print the mesh and the device assignment of a job without starting it.", "meshtrain plan"};
+  CLI::App app{"Print the mesh, the device assignment and which samples and rows each host and device reads at a step, "
+               "without starting the job.", "meshtrain plan"};
   int hosts = 1, devices_per_host = 1;
   bool as_json = false;
   std::string config_dir;
@@ -41,6 +109,9 @@ int plan_command(int argc, char** argv) {
   app.add_option("--hosts", hosts, "hosts in the job")->capture_default_str();
   app.add_option("--devices-per-host", devices_per_host, "devices per host")->capture_default_str();
   app.add_flag("--json", as_json, "print one JSON object");
+  int64_t global_step = 0;
+  app.add_option("--step", global_step, "the training step whose samples and rows to show (counted over epochs)")
+      ->capture_default_str();
   bool show_sharding = false;
   std::string shape_text, spec_text;
   app.add_flag("--show-sharding", show_sharding, "draw which device holds which part of the input batch");
@@ -57,20 +128,22 @@ int plan_command(int argc, char** argv) {
       config::Config::load(
       config_dir.empty() ? config::default_config_dir() : std::filesystem::path(config_dir), overrides);
   mesh::Mesh mesh = mesh::mesh_from_config(config, hosts, devices_per_host);
+  const StepPlan plan = step_plan(config, mesh, global_step);
   if (as_json) {
-    std::cout << nlohmann::json{{"mesh", mesh_json(mesh)}}.dump() << "\n";
+    std::cout << nlohmann::json{{"mesh", mesh_json(mesh)}, {"data", data_json(plan)}}.dump() << "\n";
     return 0;
   }
   std::cout << "Logical mesh shape: " << mesh.shape_string() << "\n"
             << "Logical mesh device assignments: " << mesh.assignments_string() << "\n"
             << "ici_mesh " << mesh.ici().equation() << " per slice, dcn_mesh " << mesh.dcn().equation()
             << " slices, " << mesh.hosts() << " hosts x " << mesh.devices_per_host() << " devices per host\n\n"
-            << mesh.device_table();
+            << mesh.device_table() << "\n";
+  print_data_plan(plan, mesh, config, global_step);
   if (show_sharding) {
     const sharding::PictureOptions picture{sharding::wants_color(STDOUT_FILENO)};
     std::cout << "\n"
               << sharding::render_input_batch(mesh, config.get_int("global_batch_size"), config.get_int("block_size"),
-                                              picture);
+                                              picture, data::input_sharding(config));
     MT_USER_CHECK(!shape_text.empty() || spec_text.empty(), "--spec needs --shape (the tensor it partitions)");
     if (!shape_text.empty()) {
       const sharding::Shape shape = sharding::parse_shape(shape_text);

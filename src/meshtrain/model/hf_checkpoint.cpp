@@ -77,10 +77,6 @@ void check_against_marker(const std::map<std::string, CheckpointFile>& marker, c
                 (dir / name).string(), crc, it->second.crc32c);
 }
 
-std::string shard_name(size_t index, size_t count) {
-  return fmt::format("model-{:05d}-of-{:05d}.safetensors", index + 1, count);
-}
-
 // Fields that change what the network computes; the others (token ids, init range, context limit) may differ.
 nlohmann::json architecture_of(const LlamaConfig& config) {
   nlohmann::json j = config.to_hf_json("");
@@ -91,13 +87,38 @@ nlohmann::json architecture_of(const LlamaConfig& config) {
 
 }  // namespace
 
+std::string weights_file_name(size_t index, size_t count) {
+  return fmt::format("model-{:05d}-of-{:05d}.safetensors", index + 1, count);
+}
+
+CheckpointFile write_hf_config(const fs::path& dir, const LlamaConfig& config, torch::Dtype dtype) {
+  nlohmann::json config_json = config.to_hf_json(dtype == torch::kBFloat16 ? "bfloat16" : "float32");
+  config_json[kMeshtrainKey] = 1;
+  return write_text_file(dir, kConfigFile, config_json.dump(2) + "\n");
+}
+
+CheckpointFile write_hf_index(const fs::path& dir, const std::map<std::string, std::string>& weight_map,
+                              uint64_t total_bytes) {
+  nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+  return write_text_file(dir, kIndexFile, index.dump(2) + "\n");
+}
+
+CheckpointFile describe_checkpoint_file(const fs::path& dir, const std::string& name) {
+  const std::string bytes = read_text_file(dir / name);
+  return {name, bytes.size(), crc32c(bytes.data(), bytes.size())};
+}
+
+void begin_checkpoint_directory(const fs::path& dir) {
+  fs::create_directories(dir);
+  fs::remove(dir / kCompletionMarker);
+  fsync_directory(dir);
+}
+
 std::vector<CheckpointFile> save_hf_weights(const fs::path& dir, LlamaForCausalLM& model,
                                             const HfSaveOptions& options) {
   MT_USER_CHECK(options.dtype == torch::kFloat32 || options.dtype == torch::kBFloat16,
                 "checkpoint dtype must be float32 or bfloat16, got {}", c10::toString(options.dtype));
-  fs::create_directories(dir);
-  fs::remove(dir / kCompletionMarker);
-  fsync_directory(dir);
+  begin_checkpoint_directory(dir);
 
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
@@ -113,15 +134,10 @@ std::vector<CheckpointFile> save_hf_weights(const fs::path& dir, LlamaForCausalL
     total_bytes += nbytes;
   }
 
-  std::vector<CheckpointFile> files;
-  const std::string dtype_name = options.dtype == torch::kBFloat16 ? "bfloat16" : "float32";
-  nlohmann::json config_json = model.config().to_hf_json(dtype_name);
-  config_json[kMeshtrainKey] = 1;
-  files.push_back(write_text_file(dir, kConfigFile, config_json.dump(2) + "\n"));
-
-  nlohmann::json weight_map = nlohmann::json::object();
+  std::vector<CheckpointFile> files{write_hf_config(dir, model.config(), options.dtype)};
+  std::map<std::string, std::string> weight_map;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string name = shards.size() == 1 ? kSingleWeightsFile : shard_name(i, shards.size());
+    const std::string name = shards.size() == 1 ? kSingleWeightsFile : weights_file_name(i, shards.size());
     AtomicFileWriter writer(dir / name);
     write_safetensors(writer, shards[i], {{"format", "pt"}});
     writer.commit();
@@ -129,8 +145,7 @@ std::vector<CheckpointFile> save_hf_weights(const fs::path& dir, LlamaForCausalL
     for (const auto& [tensor_name, tensor] : shards[i]) weight_map[tensor_name] = name;
   }
   if (shards.size() > 1) {
-    nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    files.push_back(write_text_file(dir, kIndexFile, index.dump(2) + "\n"));
+    files.push_back(write_hf_index(dir, weight_map, total_bytes));
   } else {
     fs::remove(dir / kIndexFile);  // a stale index from an earlier sharded save would shadow model.safetensors
   }

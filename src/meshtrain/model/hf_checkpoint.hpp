@@ -13,6 +13,7 @@
 #include "meshtrain/model/llama.hpp"
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,16 @@ struct HfSaveOptions {
 // returns the files written. The directory is not complete until write_completion_marker.
 std::vector<CheckpointFile> save_hf_weights(const std::filesystem::path& dir, LlamaForCausalLM& model,
                                             const HfSaveOptions& options = {});
+// For writers that assemble a checkpoint from several places (the trainer on a mesh, each device writing its files):
+// removes an old marker and creates the directory; "model-00001-of-00004.safetensors"; config.json (marked as
+// meshtrain's); the index of a sharded checkpoint (tensor name -> file); a written file's size and CRC-32C.
+void begin_checkpoint_directory(const std::filesystem::path& dir);
+std::string weights_file_name(size_t index, size_t count);
+CheckpointFile write_hf_config(const std::filesystem::path& dir, const LlamaConfig& config, torch::Dtype dtype);
+CheckpointFile write_hf_index(const std::filesystem::path& dir, const std::map<std::string, std::string>& weight_map,
+                              uint64_t total_bytes);
+CheckpointFile describe_checkpoint_file(const std::filesystem::path& dir, const std::string& name);
+
 // Writes the completion marker listing `files`; the checkpoint is complete once this returns.
 void write_completion_marker(const std::filesystem::path& dir, const std::vector<CheckpointFile>& files);
 // save_hf_weights + write_completion_marker.

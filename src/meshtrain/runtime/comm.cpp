@@ -4,6 +4,8 @@
 #include "meshtrain/common/error.hpp"
 
 #include <fmt/format.h>
+
+#include <chrono>
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #else
@@ -24,9 +26,10 @@ const char* collective_name(Collective kind) {
   return "?";
 }
 
-void CollectiveCounters::record(Collective kind, int64_t bytes) {
+void CollectiveCounters::record(Collective kind, int64_t bytes, double seconds) {
   calls_[static_cast<int>(kind)].fetch_add(1);
   bytes_[static_cast<int>(kind)].fetch_add(bytes);
+  nanoseconds_.fetch_add(static_cast<int64_t>(seconds * 1e9));
 }
 
 int64_t CollectiveCounters::total_calls() const {
@@ -128,6 +131,22 @@ class ProcessGroupBackend final : public CommBackend {
 
 int64_t payload_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// Records one collective in the counters when it goes out of scope, with the time it took.
+class CollectiveRecord {
+ public:
+  CollectiveRecord(CollectiveCounters& counters, Collective kind, int64_t bytes)
+      : counters_(counters), kind_(kind), bytes_(bytes), start_(std::chrono::steady_clock::now()) {}
+  ~CollectiveRecord() {
+    counters_.record(kind_, bytes_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+
+ private:
+  CollectiveCounters& counters_;
+  Collective kind_;
+  int64_t bytes_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 }  // namespace
 
 Comm::Comm(std::string label, std::shared_ptr<CollectiveCounters> counters)
@@ -145,20 +164,20 @@ int Comm::size() const { return backend_->size(); }
 
 void Comm::allreduce_sum(at::Tensor& tensor) {
   MT_CHECK(tensor.is_contiguous(), "allreduce over {} needs a contiguous tensor", label_);
-  counters_->record(Collective::allreduce, payload_bytes(tensor));
+  CollectiveRecord record(*counters_, Collective::allreduce, payload_bytes(tensor));
   backend_->allreduce_sum(tensor);
 }
 
 at::Tensor Comm::allgather(const at::Tensor& local) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
-  counters_->record(Collective::allgather, payload_bytes(local));
+  CollectiveRecord record(*counters_, Collective::allgather, payload_bytes(local));
   return backend_->allgather(local);
 }
 
 void Comm::broadcast(at::Tensor& tensor, int root) {
   MT_CHECK(root >= 0 && root < size(), "broadcast over {}: root {} is outside [0, {})", label_, root, size());
   MT_CHECK(tensor.is_contiguous(), "broadcast over {} needs a contiguous tensor", label_);
-  counters_->record(Collective::broadcast, payload_bytes(tensor));
+  CollectiveRecord record(*counters_, Collective::broadcast, payload_bytes(tensor));
   backend_->broadcast(tensor, root);
 }
 
@@ -167,7 +186,7 @@ at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input) {
   MT_CHECK(input.dim() >= 1 && input.size(0) % n == 0,
            "reduce_scatter over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, n);
-  counters_->record(Collective::reduce_scatter, payload_bytes(input));
+  CollectiveRecord record(*counters_, Collective::reduce_scatter, payload_bytes(input));
   // Built from all_to_all (Gloo in 1.13 has no reduce_scatter): chunk r of every rank arrives at rank r, and the
   // chunks are summed here in rank order, so the result is the same whatever the network did.
   at::Tensor received = backend_->all_to_all(input);
@@ -181,12 +200,12 @@ at::Tensor Comm::all_to_all(const at::Tensor& input) {
   MT_CHECK(input.dim() >= 1 && input.size(0) % size() == 0,
            "all_to_all over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, size());
-  counters_->record(Collective::all_to_all, payload_bytes(input));
+  CollectiveRecord record(*counters_, Collective::all_to_all, payload_bytes(input));
   return backend_->all_to_all(input);
 }
 
 void Comm::barrier() {
-  counters_->record(Collective::barrier, 0);
+  CollectiveRecord record(*counters_, Collective::barrier, 0);
   backend_->barrier();
 }
 

@@ -33,20 +33,23 @@ enum class Collective : int { allreduce = 0, allgather, broadcast, reduce_scatte
 constexpr int kNumCollectives = 6;
 const char* collective_name(Collective kind);
 
-// Calls and payload bytes (the local tensor's bytes as passed in) per collective kind, for one device.
+// Calls, payload bytes (the local tensor's bytes as passed in) and wall time spent inside the call, per collective
+// kind, for one device. The time is what the issuing thread waited: the communication cost a step pays.
 class CollectiveCounters {
  public:
-  void record(Collective kind, int64_t bytes);
+  void record(Collective kind, int64_t bytes, double seconds = 0);
   int64_t calls(Collective kind) const { return calls_[static_cast<int>(kind)].load(); }
   int64_t bytes(Collective kind) const { return bytes_[static_cast<int>(kind)].load(); }
   int64_t total_calls() const;
   int64_t total_bytes() const;
+  double total_seconds() const { return static_cast<double>(nanoseconds_.load()) * 1e-9; }
   // "allreduce 3 calls 1.2 KB, allgather 1 call 256 B" (kinds with no calls left out; "none" if empty).
   std::string summary() const;
 
  private:
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
   std::array<std::atomic<int64_t>, kNumCollectives> bytes_{};
+  std::atomic<int64_t> nanoseconds_{0};
 };
 
 class CommBackend;

@@ -1,0 +1,56 @@
+// dataset.cpp — path resolution, sample arithmetic and the widening read across shard boundaries.
+#include "meshtrain/data/dataset.hpp"
+
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/tokenizer/tokenizer.hpp"
+
+#include <algorithm>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::data {
+
+fs::path TokenDataset::resolve(const std::string& path_or_name) {
+  MT_USER_CHECK(!path_or_name.empty(), "dataset.path is empty (a token-shard directory or a name under {})",
+                (tokenizer::assets_dir() / "shards").string());
+  if (fs::is_directory(path_or_name)) return path_or_name;
+  const fs::path named = tokenizer::assets_dir() / "shards" / path_or_name;
+  MT_USER_CHECK(fs::is_directory(named),
+                "dataset.path={}: no such token-shard directory (looked at {} and {}; `meshtrain prepare` makes one)",
+                path_or_name, fs::absolute(path_or_name).string(), named.string());
+  return named;
+}
+
+TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, bool verify_checksums)
+    : shards_(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", verify_checksums})), block_size_(block_size) {
+  MT_USER_CHECK(block_size > 0, "block_size must be positive, got {}", block_size);
+  uint64_t start = 0;
+  for (const tokens::TokenShard& shard : shards_.shards()) {
+    shard_starts_.push_back(start);
+    start += shard.token_count();
+  }
+  shard_starts_.push_back(start);
+  const int64_t total = static_cast<int64_t>(start);
+  num_samples_ = total > 0 ? (total - 1) / block_size : 0;
+  MT_USER_CHECK(num_samples_ > 0, "{}: {} tokens make no sample of block_size + 1 = {} tokens", dir.string(), total,
+                block_size + 1);
+}
+
+void TokenDataset::read_sample(int64_t id, int32_t* out) const {
+  MT_CHECK(id >= 0 && id < num_samples_, "sample {} is outside the dataset's {} samples", id, num_samples_);
+  uint64_t begin = static_cast<uint64_t>(id * block_size_), count = static_cast<uint64_t>(block_size_ + 1);
+  // The shard holding `begin`: the last whose start is <= begin.
+  size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), begin) - shard_starts_.begin() - 1;
+  while (count > 0) {
+    const tokens::TokenShard& shard = shards_.shards()[s];
+    const uint64_t offset = begin - shard_starts_[s], piece = std::min(count, shard.token_count() - offset);
+    // int32 and uint32 may alias; token ids are far below 2^31.
+    shard.copy_tokens(offset, piece, reinterpret_cast<uint32_t*>(out));
+    out += piece;
+    begin += piece;
+    count -= piece;
+    ++s;
+  }
+}
+
+}  // namespace meshtrain::data

@@ -1,0 +1,42 @@
+// dataset.hpp — TokenDataset: the samples of a token-shard directory, read from its memory-mapped shards.
+//
+// The shards are one token stream (shard 0, then shard 1, ...), packed across document boundaries the way
+// torchprime groups texts. Sample i is the block_size + 1 tokens starting at token i * block_size: its first
+// block_size tokens are the inputs, its last block_size the next-token labels (consecutive samples share one token).
+// A sample may straddle two shards. num_samples = (total_tokens - 1) / block_size; the tail is never read.
+#pragma once
+
+#include "meshtrain/tokens/shard_reader.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace meshtrain::data {
+
+class TokenDataset {
+ public:
+  // `path_or_name` (the value of dataset.path): a token-shard directory, or the name of one under
+  // <assets>/shards. UserError naming dataset.path and both places looked at when neither exists.
+  static std::filesystem::path resolve(const std::string& path_or_name);
+
+  // Opens and validates the directory (tokens::ShardDirectory::open; `verify_checksums` reads every byte once).
+  TokenDataset(const std::filesystem::path& dir, int64_t block_size, bool verify_checksums = true);
+
+  const std::filesystem::path& path() const { return shards_.path(); }
+  const tokens::ShardIndex& index() const { return shards_.index(); }
+  int64_t block_size() const { return block_size_; }
+  int64_t num_samples() const { return num_samples_; }
+
+  // Writes sample `id`'s block_size + 1 tokens, widened to int32, to `out`: the only copy of the data path.
+  void read_sample(int64_t id, int32_t* out) const;
+
+ private:
+  tokens::ShardDirectory shards_;
+  int64_t block_size_;
+  int64_t num_samples_;
+  std::vector<uint64_t> shard_starts_;  // position of each shard's first token in the stream, then total_tokens
+};
+
+}  // namespace meshtrain::data

@@ -1,0 +1,83 @@
+// host_loader.hpp — HostLoader: reads this host's rows of each global batch into a host-local batch, ahead of the
+// training loop, in background threads.
+//
+// Batch n is the n-th global batch from the start cursor (GlobalSampler order, epochs rolling over). Each worker
+// thread claims the next batch number, looks up the sample id of each planned row (random access into the
+// sampler's permutation), and copies each sample's tokens out of the memory-mapped shards into one int32 buffer.
+// At most `prefetch_steps` batches are read or waiting beyond those every consumer has taken. Every local device
+// thread is a consumer and takes every batch, in order; a batch is dropped once all of them have taken it.
+//
+// Legend: R = host-local rows (ReadPlan::rows), T1 = block_size + 1 tokens.
+#pragma once
+
+#include "meshtrain/data/dataset.hpp"
+#include "meshtrain/data/global_sampler.hpp"
+
+#include <ATen/ATen.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace meshtrain::data {
+
+struct HostBatch {
+  DataCursor cursor;
+  std::vector<int64_t> sample_ids;  // per host-local row
+  at::Tensor tokens_RT1;            // int32: row r holds sample sample_ids[r]
+  double read_seconds = 0;          // time the worker spent reading it
+};
+
+struct HostLoaderOptions {
+  int prefetch_steps = 2;
+  int threads = 2;
+  int consumers = 1;  // how many threads take every batch (the host's local devices)
+};
+
+class HostLoader {
+ public:
+  // `rows`: the global rows to read (ReadPlan::rows). Starts the worker threads.
+  HostLoader(std::shared_ptr<const TokenDataset> dataset, GlobalSampler sampler, std::vector<int64_t> rows,
+             DataCursor start, HostLoaderOptions options);
+  ~HostLoader();  // stops and joins the workers
+  HostLoader(const HostLoader&) = delete;
+  HostLoader& operator=(const HostLoader&) = delete;
+
+  struct Taken {
+    std::shared_ptr<const HostBatch> batch;
+    double wait_seconds = 0;  // how long take() blocked until the batch was read
+    bool first = false;       // the first consumer to take this batch
+  };
+  // Batch number `n`; a consumer takes 0, 1, 2, ... in order. Rethrows a worker's exception.
+  Taken take(int64_t n);
+
+ private:
+  void work();
+  void read(HostBatch& batch) const;
+
+  std::shared_ptr<const TokenDataset> dataset_;
+  GlobalSampler sampler_;
+  std::vector<int64_t> rows_;
+  HostLoaderOptions options_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::exception_ptr failure_;
+  int64_t next_to_read_ = 0;  // the batch number the next idle worker claims
+  DataCursor next_cursor_;    // its cursor
+  int64_t retired_ = 0;       // batches every consumer has taken
+  struct Slot {
+    std::shared_ptr<const HostBatch> batch;  // null while being read
+    int taken = 0;
+  };
+  std::map<int64_t, Slot> slots_;  // claimed and not yet retired
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace meshtrain::data

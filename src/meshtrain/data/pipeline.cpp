@@ -1,0 +1,143 @@
+// pipeline.cpp — the pipeline's construction from the config, the device loader, the instrumentation lines and the
+// data state for checkpoints.
+//
+// Legend: R = host-local rows, T = block_size, T1 = block_size + 1.
+#include "meshtrain/data/pipeline.hpp"
+
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/common/log.hpp"
+#include "meshtrain/sharding/visualize.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace meshtrain::data {
+namespace {
+
+// "17, 3, 99, 42" (the first `max` ids, then ", ...").
+std::string ids_string(const std::vector<int64_t>& ids, size_t max = 8) {
+  std::string text;
+  for (size_t i = 0; i < ids.size() && i < max; ++i) text += (i == 0 ? "" : ", ") + std::to_string(ids[i]);
+  return ids.size() > max ? text + ", ..." : text;
+}
+
+}  // namespace
+
+DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start)
+    : mesh_(mesh),
+      host_(host),
+      global_batch_size_(config.get_int("global_batch_size")),
+      block_size_(config.get_int("block_size")),
+      seed_(static_cast<uint64_t>(config.get_int("seed"))),
+      spec_(input_sharding(config)),
+      debug_shapes_(config.get_bool("debug.data_shapes")),
+      debug_steps_(config.get_int("debug.data_shape_steps")),
+      dataset_(std::make_shared<const TokenDataset>(TokenDataset::resolve(config.get_string("dataset.path")),
+                                                    block_size_)),
+      sampler_(seed_, dataset_->num_samples(), global_batch_size_),
+      plan_(ReadPlan::make(mesh, global_batch_size_, block_size_, spec_, host)),
+      taken_(plan_.devices.size(), 0) {
+  const tokens::ShardIndex& index = dataset_->index();
+  log::info("Dataset {}: {} tokens in {} shard(s), tokenizer {}; {} samples of {}+1 tokens, {} global batches of {} "
+            "per epoch", dataset_->path().string(), index.total_tokens, index.shards.size(),
+            index.tokenizer.fingerprint, dataset_->num_samples(), block_size_, sampler_.batches_per_epoch(),
+            global_batch_size_);
+  log::info("Minibatch dataloading: {}", plan_.minibatch ? "True" : "False");
+  log::info("Data read plan (input_ids/labels i32[{}, {}], rows over {}): {}", global_batch_size_, block_size_,
+            mesh::axes_label(spec_.dims[0]), plan_.summary(global_batch_size_));
+  log::info("Data starts at epoch {} step {}", start.epoch, start.step);
+  HostLoaderOptions options;
+  options.prefetch_steps = static_cast<int>(config.get_int("data.prefetch_steps"));
+  options.threads = static_cast<int>(config.get_int("data.loader_threads"));
+  options.consumers = static_cast<int>(plan_.devices.size());
+  loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start, options);
+}
+
+DataPipeline::~DataPipeline() = default;
+
+DeviceBatch DataPipeline::next(runtime::DeviceContext& ctx) {
+  MT_CHECK(ctx.host() == host_, "device {} of host {} asked host {}'s data pipeline for a batch", ctx.device(),
+           ctx.host(), host_);
+  const int64_t n = taken_[ctx.info().local]++;
+  const HostLoader::Taken taken = loader_->take(n);
+  const HostBatch& batch = *taken.batch;
+  const bool instrument = debug_shapes_ && n < debug_steps_;
+  if (instrument && taken.first) log_host_stage(batch);
+
+  const int64_t calls_before = ctx.counters().total_calls();
+  const sharding::Shape shape = {global_batch_size_, block_size_};
+  const at::Tensor inputs_RT = batch.tokens_RT1.narrow(1, 0, block_size_);
+  const at::Tensor labels_RT = batch.tokens_RT1.narrow(1, 1, block_size_);
+  DeviceBatch out{sharding::GlobalTensor::from_host_local(mesh_, ctx.device(), shape, spec_, inputs_RT),
+                  sharding::GlobalTensor::from_host_local(mesh_, ctx.device(), shape, spec_, labels_RT),
+                  batch.cursor, taken.wait_seconds};
+  if (instrument) {
+    const sharding::ShardBounds bounds = out.input_ids.bounds();
+    const std::string placement = out.input_ids.placement_string();  // "device 3 (host 0, fsdp=3) holds [...]"
+    log::info("[device_loader] input_ids {}; {} holds rows {} (labels alike); waited {:.3f} ms, {} collectives",
+              out.input_ids.type_string(), placement.substr(0, placement.find(" holds ")),
+              sharding::range_string(bounds.offset[0], bounds.shape[0]), taken.wait_seconds * 1e3,
+              ctx.counters().total_calls() - calls_before);
+    if (n == 0) sharding::print_sharding(ctx, out.input_ids, "input_ids");
+  }
+  return out;
+}
+
+void DataPipeline::log_host_stage(const HostBatch& batch) const {
+  const std::string type = sharding::type_string(at::kInt, {static_cast<int64_t>(plan_.rows.size()), block_size_},
+                                                 sharding::PartitionSpec::replicated(2));
+  log::info("[host_loader] host {}: input_ids {} rows {} (samples {}), labels alike; epoch {} step {}, read in "
+            "{:.3f} ms", host_, type, rows_string(plan_.rows), ids_string(batch.sample_ids), batch.cursor.epoch,
+            batch.cursor.step, batch.read_seconds * 1e3);
+}
+
+int64_t DataPipeline::vocab_size() const { return dataset_->index().tokenizer.vocab_size; }
+std::string DataPipeline::tokenizer_fingerprint() const { return dataset_->index().tokenizer.fingerprint; }
+int64_t DataPipeline::num_samples() const { return dataset_->num_samples(); }
+int64_t DataPipeline::batches_per_epoch() const { return sampler_.batches_per_epoch(); }
+
+nlohmann::json DataPipeline::identity() const {
+  const tokens::ShardIndex& index = dataset_->index();
+  nlohmann::json shards = nlohmann::json::array();
+  for (const tokens::ShardEntry& shard : index.shards)  // the CRC as index.json writes it
+    shards.push_back({{"file", shard.file}, {"tokens", shard.tokens}, {"crc32c", fmt::format("{:08x}", shard.crc32c)}});
+  return {{"tokenizer_fingerprint", index.tokenizer.fingerprint},
+          {"total_tokens", index.total_tokens},
+          {"shards", shards},
+          {"block_size", block_size_},
+          {"global_batch_size", global_batch_size_},
+          {"seed", seed_}};
+}
+
+nlohmann::json DataPipeline::state(const DataCursor& next) const {
+  nlohmann::json state = identity();
+  state["epoch"] = next.epoch;
+  state["step"] = next.step;
+  state["dataset_path"] = dataset_->path().string();  // for the reader; not compared (a dataset may move)
+  return state;
+}
+
+DataCursor DataPipeline::check_state(const nlohmann::json& saved) const {
+  MT_USER_CHECK(saved.is_object(), "the saved data state is not a JSON object: {}", saved.dump());
+  std::vector<std::string> problems;
+  const nlohmann::json current = identity();
+  for (const auto& [field, now] : current.items()) {
+    if (!saved.contains(field))
+      problems.push_back(fmt::format("{} is missing", field));
+    else if (saved.at(field) != now)
+      problems.push_back(fmt::format("{}: saved {}, now {}", field, saved.at(field).dump(), now.dump()));
+  }
+  for (const char* field : {"epoch", "step"})
+    if (!saved.contains(field) || !saved.at(field).is_number_integer())
+      problems.push_back(fmt::format("{} is missing or not an integer", field));
+  MT_USER_CHECK(problems.empty(),
+                "the saved data state does not match this run's data (dataset.path={}), refusing to resume with other "
+                "batches: {}", dataset_->path().string(), fmt::join(problems, "; "));
+  const DataCursor cursor{saved.at("epoch").get<int64_t>(), saved.at("step").get<int64_t>()};
+  MT_USER_CHECK(cursor.epoch >= 0 && cursor.step >= 0 && cursor.step < batches_per_epoch(),
+                "the saved data cursor (epoch {}, step {}) is outside the {} batches of an epoch", cursor.epoch,
+                cursor.step, batches_per_epoch());
+  return cursor;
+}
+
+}  // namespace meshtrain::data

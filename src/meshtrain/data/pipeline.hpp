@@ -1,0 +1,86 @@
+// pipeline.hpp — DataPipeline: the data path of one host, from the config to each device's sharded batch.
+//
+//   token shards --TokenDataset--> samples --GlobalSampler--> global batch (epoch, step) --ReadPlan--> this host's
+//   rows --HostLoader--> host-local batch (background threads) --next()--> GlobalTensors, one shard per local device
+//
+// next() is the device loader: every local device cuts its shard out of the host-local batch
+// (GlobalTensor::from_host_local), with zero collectives. With debug.data_shapes on, the first debug.data_shape_steps
+// steps log `[host_loader]` (once per host) and `[device_loader]` (per device) lines with shapes and placement, and
+// device 0 draws the input batch's sharding picture once. The data state is one cursor plus what identifies the
+// dataset; it does not depend on the mesh, so a run can resume on another mesh or host count (see docs/data.md).
+#pragma once
+
+#include "meshtrain/config/config.hpp"
+#include "meshtrain/data/dataset.hpp"
+#include "meshtrain/data/global_sampler.hpp"
+#include "meshtrain/data/host_loader.hpp"
+#include "meshtrain/data/read_plan.hpp"
+#include "meshtrain/mesh/mesh.hpp"
+#include "meshtrain/runtime/device_context.hpp"
+#include "meshtrain/sharding/global_tensor.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshtrain::data {
+
+struct DeviceBatch {
+  sharding::GlobalTensor input_ids;  // int32 [global_batch_size, block_size], spec = data.input_sharding
+  sharding::GlobalTensor labels;     // int32, same shape/spec: next token of each input position
+  DataCursor cursor;                 // which global batch this is
+  double wait_seconds = 0;           // how long this call blocked waiting for the host loader
+};
+
+class DataPipeline {
+ public:
+  // Opens the dataset from the config (dataset.path, block_size, global_batch_size, seed, data.*, debug.*), builds
+  // this host's read plan on `mesh` (which must outlive the pipeline), logs the plan and torchprime's
+  // `Minibatch dataloading: True|False` line, and starts prefetching global batches from `start` in background
+  // threads. UserError on bad input (names the key/file).
+  DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start);
+  ~DataPipeline();  // stops the threads cleanly
+  DataPipeline(const DataPipeline&) = delete;
+  DataPipeline& operator=(const DataPipeline&) = delete;
+
+  // Called by every local device thread of this host once per training step, in order (thread-safe; all local
+  // devices get the same sequence of cursors). Builds this device's GlobalTensors from the host-local batch: zero
+  // collectives. Logs the instrumentation lines when debug.data_shapes is on.
+  DeviceBatch next(runtime::DeviceContext& ctx);
+
+  int64_t vocab_size() const;  // of the dataset's tokenizer
+  std::string tokenizer_fingerprint() const;
+  int64_t num_samples() const;
+  int64_t batches_per_epoch() const;
+
+  // The data state to store in a checkpoint: the cursor of the next batch to train on plus what identifies the
+  // dataset and the batch order (tokenizer fingerprint, token count, shard files with counts and CRC-32C,
+  // block_size, global_batch_size, seed).
+  nlohmann::json state(const DataCursor& next) const;
+  // The cursor to resume at from a saved state; UserError naming each field that differs from this dataset/config
+  // (or is missing). The mesh and host count may differ (elastic).
+  DataCursor check_state(const nlohmann::json& saved) const;
+
+ private:
+  // What identifies the batches: every field of state() except the cursor.
+  nlohmann::json identity() const;
+  void log_host_stage(const HostBatch& batch) const;
+
+  const mesh::Mesh& mesh_;
+  int host_;
+  int64_t global_batch_size_, block_size_;
+  uint64_t seed_;
+  sharding::PartitionSpec spec_;
+  bool debug_shapes_;
+  int64_t debug_steps_;
+  std::shared_ptr<const TokenDataset> dataset_;
+  GlobalSampler sampler_;
+  ReadPlan plan_;
+  std::vector<int64_t> taken_;  // per local device: how many batches it has taken (each touched by its thread only)
+  std::unique_ptr<HostLoader> loader_;
+};
+
+}  // namespace meshtrain::data

@@ -1,0 +1,126 @@
+// fsdp.cpp — FsdpUnit: flat sharded storage, gather/free of the full parameters, gradient reduce-scatter.
+#include "meshtrain/parallel/fsdp.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+#include <ATen/native/Resize.h>
+#include <torch/torch.h>
+
+namespace meshtrain::parallel {
+
+FsdpUnit::FsdpUnit(std::string label, const std::vector<std::pair<std::string, at::Tensor>>& params,
+                   runtime::Comm& fsdp_comm)
+    : label_(std::move(label)), comm_(fsdp_comm) {
+  for (const auto& [name, param] : params) {
+    Member m;
+    m.name = name;
+    m.param = param;
+    m.shape = param.sizes().vec();
+    m.offset = numel_;
+    m.numel = param.numel();
+    m.split = tensor_split_of(name);
+    numel_ += m.numel;
+    members_.push_back(std::move(m));
+  }
+  const int n = comm_.size();
+  padded_numel_ = (numel_ + n - 1) / n * n;
+  shard_ = at::empty({padded_numel_ / n}, at::kFloat);
+  std::vector<at::Tensor> values;
+  for (const Member& m : members_) values.push_back(m.param.detach());
+  load_shard(shard_, values);
+  grad_shard_ = at::zeros_like(shard_);
+  torch::NoGradGuard no_grad;
+  if (n == 1) {
+    bind_params_to(shard_);
+    gathered_ = true;
+  } else {
+    for (Member& m : members_) m.param.set_data(at::empty({0}, at::kFloat));
+  }
+}
+
+void FsdpUnit::bind_params_to(const at::Tensor& full_flat) {
+  for (Member& m : members_) m.param.set_data(full_flat.narrow(0, m.offset, m.numel).view(m.shape));
+}
+
+void FsdpUnit::gather() {
+  if (gathered_) return;
+  at::Tensor full = comm_.allgather(shard_);
+  if (!full_.defined()) {
+    full_ = full;
+    bind_params_to(full_);
+  } else {
+    // The parameters are views of full_'s storage: give it bytes again and fill it.
+    at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full.nbytes());
+    full_.copy_(full);
+  }
+  gathered_ = true;
+}
+
+void FsdpUnit::free_full() {
+  if (comm_.size() == 1 || !gathered_) return;
+  at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0);
+  gathered_ = false;
+}
+
+void FsdpUnit::reduce_gradients_from_params() {
+  if (comm_.size() == 1) {  // the shard is the whole unit: add each gradient in place, nothing to communicate
+    for (Member& m : members_) {
+      at::Tensor& grad = m.param.mutable_grad();
+      if (!grad.defined()) continue;
+      grad_shard_.narrow(0, m.offset, m.numel).add_(grad.reshape({-1}));
+      grad.reset();
+    }
+    return;
+  }
+  at::Tensor flat = at::zeros({padded_numel_}, at::kFloat);
+  for (Member& m : members_) {
+    at::Tensor& grad = m.param.mutable_grad();
+    if (!grad.defined()) continue;
+    flat.narrow(0, m.offset, m.numel).copy_(grad.reshape({-1}));
+    grad.reset();
+  }
+  grad_shard_.add_(comm_.reduce_scatter_sum(flat));
+  free_full();
+}
+
+std::vector<at::Tensor> FsdpUnit::unflatten(const at::Tensor& shard_buffer) {
+  MT_CHECK(shard_buffer.sizes() == shard_.sizes(), "unit {}: a shard buffer of {} elements, expected {}", label_,
+           shard_buffer.numel(), shard_.numel());
+  const at::Tensor full = comm_.size() == 1 ? shard_buffer : comm_.allgather(shard_buffer.contiguous());
+  std::vector<at::Tensor> values;
+  for (const Member& m : members_) values.push_back(full.narrow(0, m.offset, m.numel).view(m.shape).clone());
+  return values;
+}
+
+void FsdpUnit::load_shard(at::Tensor& shard_buffer, const std::vector<at::Tensor>& member_values) const {
+  MT_CHECK(member_values.size() == members_.size(), "unit {}: {} values for {} parameters", label_,
+           member_values.size(), members_.size());
+  const int64_t shard_numel = padded_numel_ / comm_.size();
+  const int64_t begin = comm_.rank() * shard_numel, end = begin + shard_numel;
+  shard_buffer.zero_();
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const Member& m = members_[i];
+    MT_CHECK(member_values[i].sizes().vec() == m.shape, "unit {}: {} has shape {}, expected {}", label_, m.name,
+             c10::str(member_values[i].sizes()), c10::str(c10::IntArrayRef(m.shape)));
+    const int64_t lo = std::max(begin, m.offset), hi = std::min(end, m.offset + m.numel);
+    if (lo >= hi) continue;
+    shard_buffer.narrow(0, lo - begin, hi - lo)
+        .copy_(member_values[i].reshape({-1}).narrow(0, lo - m.offset, hi - lo).to(at::kFloat));
+  }
+}
+
+std::pair<double, double> FsdpUnit::grad_square_sums() const {
+  const int64_t shard_numel = grad_shard_.numel();
+  const int64_t begin = comm_.rank() * shard_numel, end = begin + shard_numel;
+  double split_sum = 0, replicated_sum = 0;
+  for (const Member& m : members_) {
+    const int64_t lo = std::max(begin, m.offset), hi = std::min(end, m.offset + m.numel);
+    if (lo >= hi) continue;
+    const at::Tensor part = grad_shard_.narrow(0, lo - begin, hi - lo);
+    const double sum = part.dot(part).item<double>();
+    (m.split == TensorSplit::none ? replicated_sum : split_sum) += sum;
+  }
+  return {split_sum, replicated_sum};
+}
+
+}  // namespace meshtrain::parallel

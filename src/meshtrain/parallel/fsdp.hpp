@@ -1,0 +1,77 @@
+// fsdp.hpp — one FSDP unit: a group of parameters (a decoder layer, or the model's root: embedding, final norm and
+// head) kept as one flat fp32 buffer, sharded over the `fsdp` group, that the optimizer updates in place.
+//
+// Life of a unit in a step (n = fsdp group size > 1):
+//   gather()       all-gather of the shards into a full flat buffer; the module's parameters become views of it
+//   forward        the layer runs on the gathered parameters
+//   free_full()    (reshard after forward) the full buffer's storage is released; the parameters keep their shape
+//   gather()       again before the layer's backward (a hook on the layer's output gradient)
+//   reduce_gradients_from_params()   after the layer's backward: the parameters' gradients, flattened, are
+//                  reduce-scattered into grad_shard() (summed over micro-batches), and the full buffer is freed
+// With n = 1 the shard is the full buffer and the parameters are views of it for the whole run: no copies.
+// The flat buffer is the members' (tensor-parallel-local) parameters in order, padded with zeros to a multiple of n.
+#pragma once
+
+#include "meshtrain/parallel/tensor_parallel.hpp"
+#include "meshtrain/runtime/comm.hpp"
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace meshtrain::parallel {
+
+class FsdpUnit {
+ public:
+  struct Member {
+    std::string name;  // Hugging Face name
+    at::Tensor param;  // the module's parameter (shares its TensorImpl)
+    std::vector<int64_t> shape;
+    int64_t offset = 0;  // in the full flat buffer
+    int64_t numel = 0;
+    TensorSplit split = TensorSplit::none;  // over `tensor`
+  };
+
+  // Takes the parameters' current values as the unit's content; keeps this rank's shard.
+  FsdpUnit(std::string label, const std::vector<std::pair<std::string, at::Tensor>>& params, runtime::Comm& fsdp_comm);
+
+  const std::string& label() const { return label_; }
+  const std::vector<Member>& members() const { return members_; }
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  at::Tensor& shard() { return shard_; }            // [padded_numel / n], what the optimizer updates
+  at::Tensor& grad_shard() { return grad_shard_; }  // same shape
+
+  void gather();
+  void free_full();
+  bool gathered() const { return gathered_; }
+  // Reads every member's .grad (zeros for a member that got none), reduce-scatters the flat gradient into
+  // grad_shard() (added), resets the .grads and frees the full buffer.
+  void reduce_gradients_from_params();
+
+  // Every member's full (tensor-local) value from a shard-shaped buffer: the parameters from shard(), optimizer
+  // moments from theirs. An all-gather over fsdp (none when n = 1).
+  std::vector<at::Tensor> unflatten(const at::Tensor& shard_buffer);
+  // Writes this rank's shard of the members' full (tensor-local) values into `shard_buffer`. No communication.
+  void load_shard(at::Tensor& shard_buffer, const std::vector<at::Tensor>& member_values) const;
+
+  // Sums of squares of grad_shard() over the members split over `tensor` and over the others.
+  std::pair<double, double> grad_square_sums() const;
+
+ private:
+  void bind_params_to(const at::Tensor& full_flat);
+
+  std::string label_;
+  runtime::Comm& comm_;
+  std::vector<Member> members_;
+  int64_t numel_ = 0;
+  int64_t padded_numel_ = 0;
+  at::Tensor shard_;
+  at::Tensor grad_shard_;
+  at::Tensor full_;  // n > 1: the gathered flat buffer (storage released while not gathered)
+  bool gathered_ = false;
+};
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,182 @@
+// parallel_model.cpp — tensor parallelism + FSDP units + data-parallel gradient sync around a Llama model.
+#include "meshtrain/parallel/parallel_model.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace meshtrain::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Identity on a layer's input whose backward runs once the layer's backward is done (every parameter gradient of
+// the layer has been accumulated: AccumulateGrad nodes run first), so it hands them to the unit's reduce-scatter.
+struct LayerGradientBoundary : torch::autograd::Function<LayerGradientBoundary> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpUnit* unit) {
+    ctx->saved_data["unit"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(unit));
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* unit = reinterpret_cast<FsdpUnit*>(static_cast<intptr_t>(ctx->saved_data["unit"].toInt()));
+    for (const FsdpUnit::Member& m : unit->members())
+      MT_CHECK(m.param.grad().defined(), "FSDP unit {}: the gradient of {} was not ready when the layer's backward "
+               "finished", unit->label(), m.name);
+    unit->reduce_gradients_from_params();
+    return {grads[0], at::Tensor()};
+  }
+};
+
+std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
+
+}  // namespace
+
+ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx,
+                             ParallelOptions options)
+    : model_(std::move(model)),
+      ctx_(ctx),
+      options_(options),
+      fsdp_comm_(ctx.over(mesh::Axis::fsdp)),
+      tensor_comm_(ctx.over(mesh::Axis::tensor)),
+      data_comm_(ctx.over(mesh::Axis::data)) {
+  MT_USER_CHECK(ctx.mesh().size(mesh::Axis::expert) == 1,
+                "the mesh has expert={} but Llama models have no experts to place; set ici_mesh.expert=1 and "
+                "dcn_mesh.expert=1", ctx.mesh().size(mesh::Axis::expert));
+  apply_tensor_parallel(*model_, tensor_comm_);
+
+  const int64_t num_layers = model_->config().num_hidden_layers;
+  std::vector<std::pair<std::string, at::Tensor>> root_params;
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> layer_params(num_layers);
+  const std::string layer_prefix = "model.layers.";
+  for (const auto& named : model_->named_parameters()) {
+    const std::string& name = named.key();
+    if (name.compare(0, layer_prefix.size(), layer_prefix) == 0) {
+      const int64_t index = std::stoll(name.substr(layer_prefix.size()));
+      layer_params.at(index).emplace_back(name, named.value());
+    } else {
+      root_params.emplace_back(name, named.value());
+    }
+  }
+  root_ = std::make_unique<FsdpUnit>("root", root_params, fsdp_comm_);
+  for (int64_t i = 0; i < num_layers; ++i)
+    layers_.push_back(std::make_unique<FsdpUnit>(layer_prefix + std::to_string(i), layer_params[i], fsdp_comm_));
+  model_->set_layer_runner([this](int64_t index, model::LlamaDecoderLayer& layer, const torch::Tensor& x_BTD,
+                                  const model::RopeTables& rope) { return run_layer(index, layer, x_BTD, rope); });
+}
+
+at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
+                                    const model::RopeTables& rope) {
+  FsdpUnit& unit = *layers_[index];
+  const at::Tensor input_BTD = LayerGradientBoundary::apply(x_BTD, &unit);
+  unit.gather();
+  at::Tensor y_BTD = layer.forward(input_BTD, rope);
+  if (options_.reshard_after_forward && fsdp_comm_.size() > 1) {
+    unit.free_full();
+    y_BTD.register_hook([&unit](const at::Tensor&) { unit.gather(); });
+  }
+  return y_BTD;
+}
+
+at::Tensor ParallelModel::forward(const at::Tensor& tokens_BT) {
+  root_->gather();
+  return model_->forward(tokens_BT);
+}
+
+void ParallelModel::finish_backward() { root_->reduce_gradients_from_params(); }
+
+void ParallelModel::synchronize_gradients() {
+  if (data_comm_.size() == 1) return;
+  std::vector<at::Tensor> grads = gradient_shards();
+  at::Tensor flat = at::cat(grads);
+  data_comm_.allreduce_sum(flat);
+  int64_t offset = 0;
+  for (at::Tensor& g : grads) {
+    g.copy_(flat.narrow(0, offset, g.numel()));
+    offset += g.numel();
+  }
+}
+
+double ParallelModel::gradient_norm() {
+  double split_sum = 0, replicated_sum = 0;
+  auto add = [&](const FsdpUnit& unit) {
+    auto [split, replicated] = unit.grad_square_sums();
+    split_sum += split;
+    replicated_sum += replicated;
+  };
+  add(*root_);
+  for (const auto& unit : layers_) add(*unit);
+  // Shards differ over fsdp; tensor blocks differ over tensor, replicated parameters do not; data holds replicas.
+  at::Tensor sums = at::tensor({split_sum, replicated_sum}, at::kDouble);
+  fsdp_comm_.allreduce_sum(sums);
+  at::Tensor split = sums.narrow(0, 0, 1).clone();
+  tensor_comm_.allreduce_sum(split);
+  return std::sqrt(split.item<double>() + sums[1].item<double>());
+}
+
+void ParallelModel::zero_gradients() {
+  for (at::Tensor& g : gradient_shards()) g.zero_();
+}
+
+std::vector<at::Tensor> ParallelModel::parameter_shards() {
+  std::vector<at::Tensor> shards{root_->shard()};
+  for (auto& unit : layers_) shards.push_back(unit->shard());
+  return shards;
+}
+
+std::vector<at::Tensor> ParallelModel::gradient_shards() {
+  std::vector<at::Tensor> grads{root_->grad_shard()};
+  for (auto& unit : layers_) grads.push_back(unit->grad_shard());
+  return grads;
+}
+
+void ParallelModel::for_each_full_tensor(const std::vector<at::Tensor>& shard_buffers,
+                                         const std::function<void(const std::string&, const at::Tensor&)>& fn) {
+  MT_CHECK(shard_buffers.size() == layers_.size() + 1, "{} shard buffers for {} units", shard_buffers.size(),
+           layers_.size() + 1);
+  for (size_t u = 0; u < shard_buffers.size(); ++u) {
+    FsdpUnit& unit = u == 0 ? *root_ : *layers_[u - 1];
+    const std::vector<at::Tensor> values = unit.unflatten(shard_buffers[u]);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const FsdpUnit::Member& m = unit.members()[i];
+      fn(m.name, gather_tensor_blocks(values[i], m.split, tensor_comm_));
+    }
+  }
+}
+
+void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers,
+                                const std::function<at::Tensor(const std::string&)>& full_of) {
+  MT_CHECK(shard_buffers.size() == layers_.size() + 1, "{} shard buffers for {} units", shard_buffers.size(),
+           layers_.size() + 1);
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < shard_buffers.size(); ++u) {
+    FsdpUnit& unit = u == 0 ? *root_ : *layers_[u - 1];
+    std::vector<at::Tensor> values;
+    for (const FsdpUnit::Member& m : unit.members()) values.push_back(tensor_block(full_of(m.name), m.split, tensor_comm_));
+    unit.load_shard(shard_buffers[u], values);
+  }
+}
+
+std::string ParallelModel::memory_summary() const {
+  int64_t shard_bytes = root_->shard().nbytes(), largest_unit = root_->padded_numel();
+  for (const auto& unit : layers_) {
+    shard_bytes += unit->shard().nbytes();
+    largest_unit = std::max(largest_unit, unit->padded_numel());
+  }
+  const bool resharded = options_.reshard_after_forward && fsdp_comm_.size() > 1;
+  return fmt::format(
+      "parameters {} + gradients {} + AdamW moments {} per device (fsdp={}, tensor={}); gathered during a step: "
+      "{} ({})",
+      megabytes(shard_bytes), megabytes(shard_bytes), megabytes(2 * shard_bytes), fsdp_comm_.size(),
+      tensor_comm_.size(),
+      fsdp_comm_.size() == 1 ? "none (the shards are the parameters)"
+                             : megabytes(static_cast<int64_t>(sizeof(float)) * largest_unit) + " for the largest unit",
+      fsdp_comm_.size() == 1 ? "no FSDP"
+      : resharded            ? "root + one layer at a time, layers regathered for backward"
+                             : "root + all layers kept from forward to backward");
+}
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,77 @@
+// parallel_model.hpp — a single-device Llama made SPMD over the mesh from outside: tensor parallelism over
+// `tensor`, FSDP over `fsdp`, data parallelism over `data` (with fsdp > 1 too: the hybrid layout).
+//
+// Every device builds the same full model (same seed, or loaded from the same checkpoint) and hands it here; the
+// device keeps its tensor-parallel block of each projection and its FSDP shard of every unit. Where it communicates:
+//   forward          all-gather of each unit's shards over fsdp (the root unit once, each layer before it runs);
+//                    tensor-parallel all-reduces inside attention and MLP
+//   backward         each layer: all-gather again (if resharded after forward), then reduce-scatter of its gradients
+//                    over fsdp; finish_backward(): the root unit's reduce-scatter
+//   synchronize_gradients()   one all-reduce of every gradient shard over `data` (after the last micro-batch)
+//   gradient_norm()  one all-reduce over fsdp and one over tensor of two scalars
+// With every axis of size 1 nothing communicates and the parameters are the optimizer's buffers (no copies).
+#pragma once
+
+#include "meshtrain/model/llama.hpp"
+#include "meshtrain/parallel/fsdp.hpp"
+#include "meshtrain/runtime/device_context.hpp"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshtrain::parallel {
+
+struct ParallelOptions {
+  bool reshard_after_forward = true;  // parallel.reshard_after_forward
+};
+
+class ParallelModel {
+ public:
+  // UserError if the mesh has expert > 1 (the Llama models have no experts to place).
+  ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx, ParallelOptions options);
+
+  model::LlamaForCausalLM& model() { return *model_; }
+
+  // Logits [B, T, V] (fp32) of this device's int64 tokens; gathers the root unit (kept until finish_backward).
+  at::Tensor forward(const at::Tensor& tokens_BT);
+  // After loss.backward(): reduce-scatters the root unit's gradients (the layers' were during the backward).
+  void finish_backward();
+  // After the last micro-batch of a step: all-reduces every gradient shard over `data`.
+  void synchronize_gradients();
+  // The L2 norm of the whole model's gradient (every shard on every device counted once). Same on every device.
+  double gradient_norm();
+  void zero_gradients();
+
+  // What the optimizer updates: one flat fp32 shard per unit, and the matching gradient shards.
+  std::vector<at::Tensor> parameter_shards();
+  std::vector<at::Tensor> gradient_shards();
+
+  // The full Hugging Face tensor of every parameter from shard-shaped buffers (parameter_shards() itself, or
+  // optimizer moments laid out like them), unit by unit: `fn(name, full)`. Collective over fsdp and tensor.
+  void for_each_full_tensor(const std::vector<at::Tensor>& shard_buffers,
+                            const std::function<void(const std::string&, const at::Tensor&)>& fn);
+  // Fills shard-shaped buffers from full Hugging Face tensors, `full_of(name)`: this device's tensor block and
+  // FSDP shard of each. No communication (a checkpoint of any mesh loads on any other).
+  void load_shards(std::vector<at::Tensor>& shard_buffers,
+                   const std::function<at::Tensor(const std::string&)>& full_of);
+
+  // "parameters 1.2 MB + gradients 1.2 MB + AdamW 2.4 MB per device (fsdp=4, tensor=1); largest gathered unit 0.4 MB"
+  std::string memory_summary() const;
+
+ private:
+  at::Tensor run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
+                       const model::RopeTables& rope);
+
+  std::shared_ptr<model::LlamaForCausalLM> model_;
+  runtime::DeviceContext& ctx_;
+  ParallelOptions options_;
+  runtime::Comm& fsdp_comm_;
+  runtime::Comm& tensor_comm_;
+  runtime::Comm& data_comm_;
+  std::unique_ptr<FsdpUnit> root_;                  // embedding, final norm, head
+  std::vector<std::unique_ptr<FsdpUnit>> layers_;  // one per decoder layer
+};
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,60 @@
+// tensor_parallel.hpp — Megatron-style tensor parallelism over the mesh's `tensor` axis, applied to a finished
+// single-device model from outside it.
+//
+// In every decoder layer, q/k/v and gate/up become column-parallel (each rank holds a block of output rows: whole
+// attention heads, whole key/value heads, a block of the MLP's width) and o/down become row-parallel (each rank
+// holds the matching block of input columns and the outputs are summed over the group). One all-reduce in the
+// forward of each attention and MLP block, one in the backward; everything else (embedding, norms, the head) is
+// replicated over `tensor` and gets identical gradients on every rank of the group.
+//
+// Shape suffixes: N any leading dimensions, I in_features, O out_features (local).
+#pragma once
+
+#include "meshtrain/model/llama.hpp"
+#include "meshtrain/runtime/comm.hpp"
+
+#include <string>
+
+namespace meshtrain::parallel {
+
+// How a parameter is split over `tensor`: not at all, by rows (dim 0, column-parallel), by columns (dim 1,
+// row-parallel).
+enum class TensorSplit { none, rows, columns };
+
+// The split of the Hugging Face parameter `name` under apply_tensor_parallel (none for every parameter when the
+// tensor group has one rank).
+TensorSplit tensor_split_of(const std::string& name);
+
+// y = x W_r^T for this rank's block W_r [O/tp, I] of the rows of W; the input is replicated over the group.
+class ColumnParallelLinear : public model::Linear {
+ public:
+  ColumnParallelLinear(const at::Tensor& local_weight_OI, runtime::Comm& comm);
+  torch::Tensor forward(const torch::Tensor& x_NI) override;
+  torch::Tensor weight;
+
+ private:
+  runtime::Comm& comm_;
+};
+
+// y = sum over ranks of x_r W_r^T, with x_r this rank's block of the input features and W_r [O, I/tp].
+class RowParallelLinear : public model::Linear {
+ public:
+  RowParallelLinear(const at::Tensor& local_weight_OI, runtime::Comm& comm);
+  torch::Tensor forward(const torch::Tensor& x_NI) override;
+  torch::Tensor weight;
+
+ private:
+  runtime::Comm& comm_;
+};
+
+// Replaces every layer's projections by this rank's column/row-parallel blocks of their current weights. UserError
+// if the heads, key/value heads or MLP width do not divide by the group size (naming the config key). No-op for a
+// group of one.
+void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor_comm);
+
+// This rank's block of a full parameter under `split` (a copy), and the full parameter from every rank's block
+// (an all-gather over the group).
+at::Tensor tensor_block(const at::Tensor& full, TensorSplit split, runtime::Comm& tensor_comm);
+at::Tensor gather_tensor_blocks(const at::Tensor& block, TensorSplit split, runtime::Comm& tensor_comm);
+
+}  // namespace meshtrain::parallel

@@ -1,0 +1,63 @@
+// adamw.cpp — the AdamW update in the op order of torch's single-tensor implementation, and its config checks.
+#include "meshtrain/train/adamw.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+#include <cmath>
+
+namespace meshtrain::train {
+
+AdamWOptions AdamWOptions::from_config(const config::Config& config) {
+  const std::string type = config.get_string("optimizer.type");
+  MT_USER_CHECK(type == "adamw", "config key 'optimizer.type' must be 'adamw' (the only optimizer), got '{}'", type);
+  AdamWOptions o;
+  o.learning_rate = config.get_float("optimizer.learning_rate");
+  o.beta1 = config.get_float("optimizer.beta1");
+  o.beta2 = config.get_float("optimizer.beta2");
+  o.epsilon = config.get_float("optimizer.epsilon");
+  o.weight_decay = config.get_float("optimizer.weight_decay");
+  MT_USER_CHECK(std::isfinite(o.learning_rate) && o.learning_rate >= 0,
+                "config key 'optimizer.learning_rate' must be >= 0, got {}", o.learning_rate);
+  MT_USER_CHECK(o.beta1 >= 0 && o.beta1 < 1, "config key 'optimizer.beta1' must be in [0, 1), got {}", o.beta1);
+  MT_USER_CHECK(o.beta2 >= 0 && o.beta2 < 1, "config key 'optimizer.beta2' must be in [0, 1), got {}", o.beta2);
+  MT_USER_CHECK(std::isfinite(o.epsilon) && o.epsilon > 0, "config key 'optimizer.epsilon' must be > 0, got {}",
+                o.epsilon);
+  MT_USER_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+                "config key 'optimizer.weight_decay' must be >= 0, got {}", o.weight_decay);
+  return o;
+}
+
+AdamW::AdamW(AdamWOptions options, std::vector<at::Tensor> params) : options_(options), params_(std::move(params)) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    MT_CHECK(p.defined() && p.scalar_type() == at::kFloat, "AdamW: parameter {} must be a defined fp32 tensor", i);
+    exp_avg_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+    exp_avg_sq_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+    denom_.push_back(at::empty_like(p, at::MemoryFormat::Preserve));
+  }
+}
+
+void AdamW::step(const std::vector<at::Tensor>& grads, double lr) {
+  MT_CHECK(grads.size() == params_.size(), "AdamW::step: {} gradients for {} parameters", grads.size(),
+           params_.size());
+  torch::NoGradGuard no_grad;
+  ++steps_taken_;
+  const double beta1 = options_.beta1, beta2 = options_.beta2;
+  const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(steps_taken_));
+  const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(steps_taken_));
+  const double step_size = lr / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    const at::Tensor& g = grads[i];
+    MT_CHECK(g.defined() && g.scalar_type() == at::kFloat && g.sizes() == p.sizes(),
+             "AdamW::step: gradient {} must be fp32 of shape {} like its parameter", i, fmt::join(p.sizes(), "x"));
+    if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
+    exp_avg_[i].mul_(beta1).add_(g, 1 - beta1);
+    exp_avg_sq_[i].mul_(beta2).addcmul_(g, g, 1 - beta2);
+    at::sqrt_out(denom_[i], exp_avg_sq_[i]).div_(bias_correction2_sqrt).add_(options_.epsilon);
+    p.addcdiv_(exp_avg_[i], denom_[i], -step_size);
+  }
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,56 @@
+// adamw.hpp — AdamW over a list of fp32 tensors updated in place (in practice the FSDP flat shards a device owns),
+// with PyTorch's semantics op for op (torch.optim.AdamW / torch::optim::AdamW, amsgrad off): decoupled weight decay
+// p *= 1 - lr * wd, moments m = b1 m + (1 - b1) g and v = b2 v + (1 - b2) g^2, then
+// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). The same libtorch kernels in the same order give
+// bitwise the same parameters as torch's optimizer, deterministically.
+//
+// The learning rate is passed to every step (the schedule lives in lr_schedule.hpp); the moments and the step count
+// are exposed so the trainer can save and restore them beside a checkpoint.
+#pragma once
+
+#include "meshtrain/config/config.hpp"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace meshtrain::train {
+
+struct AdamWOptions {
+  double learning_rate = 1e-3;  // the peak rate; the schedule scales it
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double epsilon = 1e-8;
+  double weight_decay = 0.01;
+
+  // Reads optimizer.{type, learning_rate, beta1, beta2, epsilon, weight_decay}; UserError naming the key for a value
+  // out of range (type other than adamw, learning_rate < 0, beta outside [0, 1), epsilon <= 0, weight_decay < 0).
+  static AdamWOptions from_config(const config::Config& config);
+};
+
+class AdamW {
+ public:
+  // `params` are fp32 tensors of any shapes, updated in place by step(); the moments start at zero.
+  AdamW(AdamWOptions options, std::vector<at::Tensor> params);
+
+  // One update with `grads[i]` for `params[i]` (same shape, fp32) at learning rate `lr`. Runs under NoGradGuard.
+  void step(const std::vector<at::Tensor>& grads, double lr);
+
+  int64_t steps_taken() const { return steps_taken_; }
+  // For restoring a checkpoint: the bias corrections of the next step use steps_taken + 1.
+  void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
+  // The first and second moments, one per parameter (same shapes); copy into them to restore a checkpoint.
+  std::vector<at::Tensor>& exp_avg() { return exp_avg_; }
+  std::vector<at::Tensor>& exp_avg_sq() { return exp_avg_sq_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  AdamWOptions options_;
+  std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_;
+  std::vector<at::Tensor> denom_;  // scratch per parameter, so a step allocates nothing
+  int64_t steps_taken_ = 0;
+};
+
+}  // namespace meshtrain::train

@@ -1,0 +1,35 @@
+// mesh_checkpoint.hpp — training checkpoints written by every device of a mesh, loadable on any mesh (and by
+// Hugging Face: the weights are its sharded layout).
+//
+//   config.json                                  LlamaConfig keys (+ meshtrain's format key)
+//   model-0000k-of-0000W.safetensors            full weights under Hugging Face names, fp32
+//   model.safetensors.index.json                tensor name -> file
+//   optimizer-0000k-of-0000W.safetensors        AdamW moments: "<name>.exp_avg", "<name>.exp_avg_sq"
+//   training_state.json                         step, data state, seed, trajectory config (training_state.hpp)
+//   meshtrain_complete.json                     written last, listing every file with its size and CRC-32C
+//
+// Tensor i (in the parallel model's unit order) goes to file (i mod W), W = min(devices, tensors), and device k
+// writes file k: every device gathers each full tensor (over fsdp and tensor) and keeps only those it writes. Device
+// 0 writes the small files and, after a barrier over the world, the completion marker. Loading needs no
+// communication: each device reads the full tensors and keeps its tensor block and FSDP shard (resharding).
+#pragma once
+
+#include "meshtrain/parallel/parallel_model.hpp"
+#include "meshtrain/runtime/device_context.hpp"
+#include "meshtrain/train/adamw.hpp"
+#include "meshtrain/train/training_state.hpp"
+
+#include <filesystem>
+
+namespace meshtrain::train {
+
+// Collective over the world: every device of the job calls it with the same `dir` and state.
+void save_mesh_checkpoint(const std::filesystem::path& dir, runtime::DeviceContext& ctx,
+                          parallel::ParallelModel& model, AdamW& optimizer, const TrainingState& state);
+
+// Fills the optimizer's moments (laid out like the model's shards on this mesh) from `dir`; its step count is the
+// training state's step (one AdamW step per training step).
+// UserError naming the file and tensor that is missing. No communication.
+void load_optimizer_state(const std::filesystem::path& dir, parallel::ParallelModel& model, AdamW& optimizer);
+
+}  // namespace meshtrain::train

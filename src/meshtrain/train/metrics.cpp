@@ -1,0 +1,192 @@
+// metrics.cpp — the log line, metrics.jsonl (trimmed on resume, flushed per line), the progress bar, the MFU peak.
+#include "meshtrain/train/metrics.hpp"
+
+#include "meshtrain/common/atomic_file.hpp"
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/common/log.hpp"
+#include "meshtrain/model/matmul_peak.hpp"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::train {
+namespace {
+
+constexpr const char* kMetricsFile = "metrics.jsonl";
+
+void write_stderr(const std::string& text) {
+  const char* data = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    const ssize_t n = ::write(STDERR_FILENO, data, left);
+    if (n <= 0) return;
+    data += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+// Keeps the lines of an existing metrics file for steps before `first_step`; rewrites it atomically if any other
+// line was there.
+void drop_lines_from_step(const fs::path& path, int64_t first_step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (json.is_object() && json.contains("step") && json["step"].is_number_integer() &&
+        json["step"].get<int64_t>() < first_step)
+      kept += line + "\n";
+    else
+      ++dropped;
+  }
+  if (dropped == 0) return;
+  write_file_atomically(path, kept);
+  log::info("{}: dropped {} line(s) for steps >= {} (this run writes them again)", path.string(), dropped,
+            first_step);
+}
+
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+// Sets the calling thread's torch intra-op threads for a scope.
+class ThreadCountGuard {
+ public:
+  explicit ThreadCountGuard(int threads) : previous_(at::get_num_threads()) { at::set_num_threads(threads); }
+  ~ThreadCountGuard() { at::set_num_threads(previous_); }
+
+ private:
+  int previous_;
+};
+
+}  // namespace
+
+MetricsLogger::MetricsLogger(const config::Config& config, bool is_writer, double peak_flops_per_device,
+                             int64_t first_step)
+    : is_writer_(is_writer),
+      progress_bar_(is_writer && ::isatty(STDERR_FILENO) == 1),
+      peak_flops_(peak_flops_per_device),
+      logging_steps_(config.get_int("logging_steps")),
+      max_steps_(config.get_int("max_steps")),
+      first_step_(first_step),
+      path_(fs::path(config.get_string("output_dir")) / kMetricsFile) {
+  MT_USER_CHECK(logging_steps_ >= 1, "config key 'logging_steps' must be >= 1, got {}", logging_steps_);
+  MT_CHECK(first_step >= 1, "MetricsLogger: first_step must be >= 1, got {}", first_step);
+  if (!is_writer_) return;
+  fs::create_directories(path_.parent_path());
+  drop_lines_from_step(path_, first_step_);
+  file_.open(path_, std::ios::app);
+  MT_USER_CHECK(file_, "cannot open {} for appending", path_.string());
+}
+
+MetricsLogger::~MetricsLogger() { clear_progress(); }
+
+void MetricsLogger::log(const StepMetrics& m) {
+  MT_USER_CHECK(std::isfinite(m.loss),
+                "step {}: the loss is {}: training diverged (try a lower optimizer.learning_rate, more "
+                "lr_scheduler.warmup_steps, or max_grad_norm > 0)",
+                m.step, m.loss);
+  ++pending_steps_;
+  pending_tokens_ += m.tokens;
+  pending_step_s_ += m.step_seconds;
+  pending_data_wait_s_ += m.data_wait_seconds;
+  pending_compute_s_ += m.compute_seconds;
+  pending_comm_s_ += m.comm_seconds;
+  last_ = m;
+  if (m.step > first_step_) {
+    ++timed_steps_;
+    timed_seconds_ += m.step_seconds;
+  }
+  if (m.step == 1 || m.step % logging_steps_ == 0 || m.step >= max_steps_) write_line(m);
+  if (progress_bar_) draw_progress(m);
+}
+
+void MetricsLogger::finish() {
+  if (pending_steps_ > 0) write_line(last_);
+  clear_progress();
+  if (file_.is_open()) file_.close();
+}
+
+void MetricsLogger::write_line(const StepMetrics& m) {
+  const double steps = static_cast<double>(pending_steps_);
+  const double tokens_per_s = pending_step_s_ > 0 ? static_cast<double>(pending_tokens_) / pending_step_s_ : 0.0;
+  const double tokens_per_s_per_device = tokens_per_s / std::max(m.num_devices, 1);
+  const bool peak_known = peak_flops_ > 0;
+  const double mfu = peak_known ? m.flops_per_token * tokens_per_s_per_device / peak_flops_ : 0.0;
+  const double step_s = pending_step_s_ / steps, data_wait_s = pending_data_wait_s_ / steps;
+  const double compute_s = pending_compute_s_ / steps, comm_s = pending_comm_s_ / steps;
+  const double data_wait_percent = step_s > 0 ? 100.0 * data_wait_s / step_s : 0.0;
+
+  clear_progress();
+  log::info("epoch: {}, step: {}/{}, loss (global mean): {:.4f}, grad_norm: {:.4f}, lr: {:.3e}, tokens/s: {:.0f} "
+            "({:.0f}/device){}, step time: {:.1f} ms (compute {:.1f}, comm {:.1f}), data wait: {:.1f} ms ({:.1f}%)",
+            m.epoch, m.step, max_steps_, m.loss, m.grad_norm, m.learning_rate, tokens_per_s, tokens_per_s_per_device,
+            peak_known ? fmt::format(", MFU: {:.1f}%", 100 * mfu) : "", 1e3 * step_s, 1e3 * compute_s, 1e3 * comm_s,
+            1e3 * data_wait_s, data_wait_percent);
+  if (file_.is_open()) {
+    nlohmann::json line = {{"step", m.step},
+                           {"epoch", m.epoch},
+                           {"loss", m.loss},
+                           {"grad_norm", m.grad_norm},
+                           {"lr", m.learning_rate},
+                           {"tokens_per_s", tokens_per_s},
+                           {"tokens_per_s_per_device", tokens_per_s_per_device},
+                           {"mfu", peak_known ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
+                           {"step_time_s", step_s},
+                           {"data_wait_s", data_wait_s},
+                           {"compute_s", compute_s},
+                           {"comm_s", comm_s}};
+    file_ << line.dump() << '\n';
+    file_.flush();
+    MT_USER_CHECK(file_, "cannot write {} (disk full?)", path_.string());
+  }
+  pending_steps_ = pending_tokens_ = 0;
+  pending_step_s_ = pending_data_wait_s_ = pending_compute_s_ = pending_comm_s_ = 0;
+}
+
+void MetricsLogger::draw_progress(const StepMetrics& m) {
+  constexpr int kWidth = 30;
+  const double fraction = std::clamp(static_cast<double>(m.step) / static_cast<double>(max_steps_), 0.0, 1.0);
+  const int filled = static_cast<int>(fraction * kWidth);
+  const double seconds_per_step = timed_steps_ > 0 ? timed_seconds_ / timed_steps_ : m.step_seconds;
+  const int64_t steps_left = std::max<int64_t>(max_steps_ - m.step, 0);
+  write_stderr(fmt::format("\r\033[K{:3.0f}% |{}{}| {}/{} [loss {:.4f}, {:.2f} s/step, ETA {}]", 100 * fraction,
+                           std::string(filled, '#'), std::string(kWidth - filled, ' '), m.step, max_steps_, m.loss,
+                           seconds_per_step, format_duration(seconds_per_step * steps_left)));
+  progress_shown_ = true;
+}
+
+void MetricsLogger::clear_progress() {
+  if (!progress_shown_) return;
+  write_stderr("\r\033[K");
+  progress_shown_ = false;
+}
+
+double peak_flops_per_device(const config::Config& config, torch::Dtype compute_dtype, int threads) {
+  if (config.has("metrics.peak_gflops")) {
+    const double gflops = config.get_float("metrics.peak_gflops");
+    MT_USER_CHECK(gflops >= 0, "config key 'metrics.peak_gflops' must be >= 0 (0: measure), got {}", gflops);
+    if (gflops > 0) return gflops * 1e9;
+  }
+  MT_CHECK(threads >= 1, "peak_flops_per_device: threads must be >= 1, got {}", threads);
+  model::MatmulPeak peak;
+  {
+    ThreadCountGuard guard(threads);
+    peak = model::measure_matmul_peak(compute_dtype, 1024, 0.25);
+  }
+  log::info("MFU denominator: measured {:.1f} GFLOP/s per device ({} matmul {}^3, {} threads; `meshtrain peak` "
+            "measures longer, set metrics.peak_gflops to use a known peak)",
+            peak.gflops, compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", peak.size, threads);
+  return peak.gflops * 1e9;
+}
+
+}  // namespace meshtrain::train

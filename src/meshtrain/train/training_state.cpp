@@ -1,0 +1,144 @@
+// training_state.cpp — training_state.json: fields, the trajectory config and its fingerprint, atomic write, read.
+#include "meshtrain/train/training_state.hpp"
+
+#include "meshtrain/common/atomic_file.hpp"
+#include "meshtrain/common/checksum.hpp"
+#include "meshtrain/common/error.hpp"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::train {
+namespace {
+
+constexpr const char* kFormat = "meshtrain-training-state";
+constexpr int kVersion = 1;
+
+// Keys (or key prefixes ending in '.') that do not change what a run computes: where it writes, how it logs and
+// checkpoints, how it lays itself out over devices (a run may resume on another mesh), the config-group list.
+const char* const kNonTrajectoryKeys[] = {
+    "defaults",       "output_dir", "run_name", "log_level",          "logging_steps",       "checkpoint.",
+    "debug.",         "runtime.",   "metrics.", "data.prefetch_steps", "data.loader_threads", "data.input_sharding",
+    "parallel.",      "ici_mesh.",  "dcn_mesh."};
+
+bool is_trajectory_key(const std::string& key) {
+  for (const char* skip : kNonTrajectoryKeys) {
+    const std::string s = skip;
+    if (s.back() == '.' ? key.rfind(s, 0) == 0 : key == s) return false;
+  }
+  return true;
+}
+
+template <typename T>
+T field(const nlohmann::json& json, const char* name, const std::string& source) {
+  MT_USER_CHECK(json.contains(name), "{}: the field '{}' is missing", source, name);
+  try {
+    return json.at(name).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: the field '{}' has the wrong type ({})", source, name, e.what()));
+  }
+}
+
+}  // namespace
+
+std::map<std::string, std::string> trajectory_config(const config::Config& config) {
+  std::map<std::string, std::string> out;
+  for (const std::string& key : config.leaf_keys())
+    if (is_trajectory_key(key)) out[key] = YAML::Dump(config.node(key));
+  return out;
+}
+
+std::string config_fingerprint(const std::map<std::string, std::string>& trajectory) {
+  uint32_t crc = 0;
+  for (const auto& [key, value] : trajectory) {
+    const std::string line = key + "=" + value + "\n";
+    crc = crc32c(line.data(), line.size(), crc);
+  }
+  return fmt::format("{:08x}", crc);
+}
+
+TrainingState TrainingState::for_config(const config::Config& config, int64_t step, int64_t tokens_seen,
+                                        nlohmann::json data_state) {
+  TrainingState state;
+  state.step = step;
+  state.tokens_seen = tokens_seen;
+  state.data_state = std::move(data_state);
+  state.seed = static_cast<uint64_t>(config.get_int("seed"));
+  state.config = trajectory_config(config);
+  state.config_fingerprint = train::config_fingerprint(state.config);
+  return state;
+}
+
+nlohmann::json TrainingState::to_json() const {
+  return {{"format", kFormat},          {"version", kVersion},
+          {"step", step},               {"tokens_seen", tokens_seen},
+          {"seed", seed},               {"data_state", data_state},
+          {"config_fingerprint", config_fingerprint}, {"config", config}};
+}
+
+TrainingState TrainingState::from_json(const nlohmann::json& json, const std::string& source) {
+  MT_USER_CHECK(json.is_object() && json.value("format", "") == kFormat, "{}: not a meshtrain training state",
+                source);
+  const int version = field<int>(json, "version", source);
+  MT_USER_CHECK(version == kVersion, "{}: training state version {} (this meshtrain reads version {})", source,
+                version, kVersion);
+  TrainingState state;
+  state.step = field<int64_t>(json, "step", source);
+  state.tokens_seen = field<int64_t>(json, "tokens_seen", source);
+  state.seed = field<uint64_t>(json, "seed", source);
+  state.data_state = field<nlohmann::json>(json, "data_state", source);
+  state.config_fingerprint = field<std::string>(json, "config_fingerprint", source);
+  state.config = field<std::map<std::string, std::string>>(json, "config", source);
+  MT_USER_CHECK(state.step >= 0 && state.tokens_seen >= 0, "{}: negative step {} or tokens_seen {}", source,
+                state.step, state.tokens_seen);
+  return state;
+}
+
+std::vector<std::string> config_changes(const TrainingState& state, const config::Config& config) {
+  const std::map<std::string, std::string> now = trajectory_config(config);
+  std::vector<std::string> changes;
+  if (config_fingerprint(now) == state.config_fingerprint) return changes;
+  auto value_or_unset = [](const std::map<std::string, std::string>& m, const std::string& key) {
+    auto it = m.find(key);
+    return it == m.end() ? std::string("(unset)") : it->second;
+  };
+  std::map<std::string, std::string> all = state.config;
+  all.insert(now.begin(), now.end());
+  for (const auto& [key, ignored] : all) {
+    const std::string saved = value_or_unset(state.config, key), current = value_or_unset(now, key);
+    if (saved != current) changes.push_back(fmt::format("{}: {} -> {}", key, saved, current));
+  }
+  return changes;
+}
+
+model::CheckpointFile write_training_state(const fs::path& dir, const TrainingState& state) {
+  const std::string text = state.to_json().dump(2) + "\n";
+  fs::create_directories(dir);
+  AtomicFileWriter writer(dir / kTrainingStateFile);
+  writer.write(text.data(), text.size());
+  writer.commit();
+  return {kTrainingStateFile, writer.bytes_written(), writer.crc32c()};
+}
+
+TrainingState read_training_state(const fs::path& dir) {
+  const fs::path path = dir / kTrainingStateFile;
+  std::ifstream in(path, std::ios::binary);
+  MT_USER_CHECK(in, "{}: cannot read the training state (is {} a meshtrain training checkpoint?)", path.string(),
+                dir.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+  }
+  return TrainingState::from_json(json, path.string());
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,305 @@
+// pipeline_test.cpp — the data path end to end on simulated jobs (every host's pipeline and one thread per device in
+// this process: tests/simulated_devices.hpp): over whole epochs and several meshes, every sample is read once
+// per epoch, the global batches are the sampler's on every mesh, replicas are identical, the device loader calls no
+// collective, resume continues with the same batches on another mesh, and mismatched states are refused.
+// Also the dataset, the read plan, the instrumentation lines and the config errors.
+//
+// Legend: B = global_batch_size rows, T = block_size tokens.
+#include "data/data_test_support.hpp"
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/data/pipeline.hpp"
+#include "scratch_dir.hpp"
+#include "simulated_devices.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace meshtrain::data {
+namespace {
+
+using testing::data_config;
+using testing::write_counting_shards;
+using testing::axis_sizes;
+
+struct NamedMesh {
+  std::string name;
+  mesh::Mesh mesh;
+  std::string input_sharding = "(data,fsdp),None";
+};
+
+// The meshes of the issue: one device, 2 hosts x 4 with fsdp, data x fsdp, tensor=2 (rows replicated over tensor),
+// multi-slice (data over DCN), and multi-slice with the rows over (fsdp,data) so a host's rows are not contiguous.
+std::vector<NamedMesh> meshes() {
+  return {{"1x1", mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1)},
+          {"2x4 fsdp=8", mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4)},
+          {"2x4 data=2 fsdp=4", mesh::Mesh::create(axis_sizes(2, 4, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4)},
+          {"2x4 fsdp=4 tensor=2", mesh::Mesh::create(axis_sizes(1, 4, 2, 1), axis_sizes(1, 1, 1, 1), 2, 4)},
+          {"4x2 dcn data=2, ici fsdp=2 tensor=2",
+           mesh::Mesh::create(axis_sizes(1, 2, 2, 1), axis_sizes(2, 1, 1, 1), 4, 2)},
+          {"4x2 dcn data=2, ici fsdp=4, rows over (fsdp,data)",
+           mesh::Mesh::create(axis_sizes(1, 4, 1, 1), axis_sizes(2, 1, 1, 1), 4, 2), "(fsdp,data),None"}};
+}
+
+// What one device got at one step.
+struct DeviceStep {
+  DataCursor cursor;
+  sharding::ShardBounds bounds;
+  at::Tensor inputs_RT, labels_RT;  // the device's shards
+  int64_t collectives = 0;          // issued by next()
+};
+
+// Runs `steps` steps of the data path on every device of `mesh`: one DataPipeline per host starting at `start`, one
+// thread per device. With `check_replicas`, the first and last steps also run the replica check (collective).
+// Returns, per device, what next() gave at every step; fails the test on any device's exception.
+std::vector<std::vector<DeviceStep>> run_job(const config::Config& config, const mesh::Mesh& mesh, DataCursor start,
+                                             int64_t steps, bool check_replicas = false) {
+  std::vector<std::unique_ptr<DataPipeline>> pipelines;
+  for (int host = 0; host < mesh.hosts(); ++host)
+    pipelines.push_back(std::make_unique<DataPipeline>(config, mesh, host, start));
+  std::vector<std::vector<DeviceStep>> got(mesh.num_devices());
+  testing::expect_no_failures(testing::run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
+    for (int64_t step = 0; step < steps; ++step) {
+      const int64_t calls_before = ctx.counters().total_calls();
+      DeviceBatch batch = pipelines[ctx.host()]->next(ctx);
+      got[ctx.device()].push_back({batch.cursor, batch.input_ids.bounds(), batch.input_ids.local(),
+                                   batch.labels.local(), ctx.counters().total_calls() - calls_before});
+      if (check_replicas && (step == 0 || step == steps - 1)) {
+        batch.input_ids.check_replicas(ctx);
+        batch.labels.check_replicas(ctx);
+      }
+    }
+  }));
+  return got;
+}
+
+// The global batches a job saw, assembled from the devices' shards: per step, the inputs [B, T]. Checks on the way
+// that every device of a step has the same cursor, that devices holding the same rows hold identical data (replicas),
+// that every row is covered, that the device loader issued no collective, and that labels are the inputs shifted.
+std::vector<at::Tensor> assemble(const std::vector<std::vector<DeviceStep>>& got, int64_t global_batch_size,
+                                 int64_t block_size, std::vector<DataCursor>* cursors = nullptr) {
+  std::vector<at::Tensor> batches;
+  for (size_t step = 0; step < got[0].size(); ++step) {
+    at::Tensor inputs_BT = at::full({global_batch_size, block_size}, -1, at::kInt);
+    for (size_t device = 0; device < got.size(); ++device) {
+      const DeviceStep& d = got[device].at(step);
+      EXPECT_EQ(d.cursor, got[0][step].cursor) << "device " << device << " step " << step;
+      EXPECT_EQ(d.collectives, 0) << "the device loader communicated on device " << device;
+      EXPECT_TRUE(at::equal(d.labels_RT.narrow(1, 0, block_size - 1), d.inputs_RT.narrow(1, 1, block_size - 1)));
+      EXPECT_TRUE(at::equal(d.labels_RT.select(1, block_size - 1), d.inputs_RT.select(1, block_size - 1) + 1));
+      at::Tensor rows = inputs_BT.narrow(0, d.bounds.offset[0], d.bounds.shape[0]);
+      if (rows.select(1, 0).eq(-1).all().item<bool>())
+        rows.copy_(d.inputs_RT);
+      else
+        EXPECT_TRUE(at::equal(rows, d.inputs_RT)) << "replicas differ: device " << device << " step " << step;
+    }
+    EXPECT_FALSE(inputs_BT.eq(-1).any().item<bool>()) << "rows nobody holds at step " << step;
+    batches.push_back(inputs_BT);
+    if (cursors) cursors->push_back(got[0][step].cursor);
+  }
+  return batches;
+}
+
+// The sample id each row of `inputs_BT` holds (the counting dataset starts sample i at token i * T).
+std::vector<int64_t> sample_ids(const at::Tensor& inputs_BT, int64_t block_size) {
+  std::vector<int64_t> ids;
+  for (int64_t row = 0; row < inputs_BT.size(0); ++row) {
+    const int64_t first = inputs_BT[row][0].item<int64_t>();
+    EXPECT_TRUE(at::equal(inputs_BT[row], at::arange(first, first + block_size, at::kInt))) << "row " << row;
+    ids.push_back(first / block_size);
+  }
+  return ids;
+}
+
+class DataPipelineTest : public ::testing::Test {
+ protected:
+  DataPipelineTest() { write_counting_shards(dir_, {500, 700, 401}); }  // 1601 tokens: 200 samples of 8+1
+
+  meshtrain::testing::ScratchDir scratch_{"meshtrain_pipeline_test"};
+  const std::filesystem::path dir_ = scratch_.path() / "counting";
+};
+
+TEST_F(DataPipelineTest, DatasetPacksSamplesAcrossDocumentsAndShards) {
+  for (uint32_t token_bytes : {2u, 4u}) {
+    const std::filesystem::path dir = scratch_.path() / ("width" + std::to_string(token_bytes));
+    write_counting_shards(dir, {500, 700, 401}, token_bytes);
+    const TokenDataset dataset(dir, 8);
+    ASSERT_EQ(dataset.num_samples(), 200);
+    std::vector<int32_t> sample(9);
+    for (int64_t id = 0; id < dataset.num_samples(); ++id) {  // samples 62 and 149 straddle the shard boundaries
+      dataset.read_sample(id, sample.data());
+      for (int64_t t = 0; t < 9; ++t) ASSERT_EQ(sample[t], id * 8 + t) << "sample " << id << " token " << t;
+    }
+  }
+}
+
+TEST_F(DataPipelineTest, DatasetPathIsADirectoryOrANameUnderAssets) {
+  EXPECT_EQ(TokenDataset::resolve(dir_.string()), dir_);
+  EXPECT_TRUE(std::filesystem::exists(TokenDataset::resolve("moby-dick-byte") / "index.json"));
+  try {
+    TokenDataset::resolve("no-such-dataset");
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset.path=no-such-dataset: no such token-shard directory"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(ReadPlanTest, RowsPerHostAndDevice) {
+  const sharding::PartitionSpec rows = sharding::PartitionSpec::parse("(data,fsdp),None");
+  // The seed's scenario: 2 hosts x 4 devices, fsdp=8: host 1 reads rows 4:8, device k holds row k (minibatch).
+  const mesh::AxisSizes one = axis_sizes(1, 1, 1, 1);
+  const ReadPlan fsdp = ReadPlan::make(mesh::Mesh::create(axis_sizes(1, 8, 1, 1), one, 2, 4), 8, 16, rows, 1);
+  EXPECT_EQ(fsdp.rows, (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_TRUE(fsdp.minibatch);
+  EXPECT_EQ(fsdp.summary(8), "host 1 reads rows 4:8 of 8; device 4 holds rows 4:5, device 5 holds rows 5:6, device 6 "
+                             "holds rows 6:7, device 7 holds rows 7:8");
+  // tensor=2: devices 2k and 2k+1 hold the same rows, read once by their host.
+  const ReadPlan tensor = ReadPlan::make(mesh::Mesh::create(axis_sizes(1, 4, 2, 1), one, 2, 4), 8, 16, rows, 0);
+  EXPECT_EQ(tensor.rows, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_FALSE(tensor.minibatch);
+  EXPECT_EQ(tensor.summary(8), "host 0 reads rows 0:4 of 8; device 0 holds rows 0:2, device 1 holds rows 0:2, device 2 "
+                               "holds rows 2:4, device 3 holds rows 2:4");
+  // Replicated rows (spec without data): every host reads the whole batch.
+  const ReadPlan whole = ReadPlan::make(mesh::Mesh::create(axis_sizes(2, 4, 1, 1), one, 2, 4), 8, 16,
+                                        sharding::PartitionSpec::parse("fsdp,None"), 1);
+  EXPECT_EQ(rows_string(whole.rows), "0:8");
+  // Rows over (fsdp,data) with data over DCN: host 0 (data=0) holds every other block.
+  const ReadPlan strided = ReadPlan::make(mesh::Mesh::create(axis_sizes(1, 4, 1, 1), axis_sizes(2, 1, 1, 1), 2, 4),
+                                          8, 16,
+                                          sharding::PartitionSpec::parse("(fsdp,data),None"), 0);
+  EXPECT_EQ(rows_string(strided.rows), "0:1, 2:3, 4:5, 6:7");
+  EXPECT_EQ(strided.devices[2].local_begin, 2);
+}
+
+TEST(ReadPlanTest, RejectsSpecsTheLoaderCannotServe) {
+  const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
+  auto error_of = [&](int64_t batch, const std::string& spec) -> std::string {
+    try {
+      ReadPlan::make(mesh, batch, 16, sharding::PartitionSpec::parse(spec), 0);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of(6, "(data,fsdp),None").find("global_batch_size=6 is not divisible by the 8 row blocks"),
+            std::string::npos);
+  EXPECT_NE(error_of(8, "None,fsdp").find("sequence sharding"), std::string::npos);
+}
+
+TEST_F(DataPipelineTest, WholeEpochsOnEveryMeshReadEachSampleOnceInTheSamplersOrder) {
+  const config::Config config = data_config(dir_);
+  const GlobalSampler sampler(42, 200, 8);
+  ASSERT_EQ(sampler.batches_per_epoch(), 25);
+  const int64_t steps = 2 * sampler.batches_per_epoch();
+  std::vector<at::Tensor> first_mesh_batches;
+  for (const NamedMesh& m : meshes()) {
+    SCOPED_TRACE(m.name);
+    const config::Config mesh_config = data_config(dir_, {"data.input_sharding=" + m.input_sharding});
+    std::vector<DataCursor> cursors;
+    const std::vector<at::Tensor> batches =
+        assemble(run_job(mesh_config, m.mesh, {0, 0}, steps, /*check_replicas=*/true), 8, 8, &cursors);
+    ASSERT_EQ(batches.size(), static_cast<size_t>(steps));
+    std::vector<std::set<int64_t>> seen(2);
+    for (int64_t k = 0; k < steps; ++k) {
+      const DataCursor expected{k / 25, k % 25};
+      EXPECT_EQ(cursors[k], expected) << "step " << k;
+      const std::vector<int64_t> ids = sample_ids(batches[k], 8);
+      EXPECT_EQ(ids, sampler.global_batch(expected.epoch, expected.step)) << "step " << k;
+      for (int64_t id : ids) EXPECT_TRUE(seen[expected.epoch].insert(id).second) << "sample " << id << " twice";
+    }
+    EXPECT_EQ(seen[0].size(), 200u);  // 200 samples, 25 batches of 8: every sample once per epoch
+    EXPECT_EQ(seen[1].size(), 200u);
+    if (first_mesh_batches.empty()) first_mesh_batches = batches;
+    for (int64_t k = 0; k < steps; ++k) EXPECT_TRUE(at::equal(batches[k], first_mesh_batches[k])) << "step " << k;
+  }
+}
+
+TEST_F(DataPipelineTest, ResumeOnAnotherMeshContinuesWithTheSameBatches) {
+  const config::Config config = data_config(dir_);
+  const mesh::Mesh before = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh after = mesh::Mesh::create(axis_sizes(1, 2, 2, 1), axis_sizes(2, 1, 1, 1), 4, 2);
+  const std::vector<at::Tensor> uninterrupted = assemble(run_job(config, before, {0, 0}, 32), 8, 8);
+  // Stop after 20 steps (mid-epoch 0), save the state, resume on 4 hosts x 2 devices across the epoch boundary.
+  const DataPipeline saver(config, before, 0, {0, 0});
+  const nlohmann::json saved = saver.state({0, 20});
+  EXPECT_EQ(saved["epoch"], 0);
+  EXPECT_EQ(saved["step"], 20);
+  const DataCursor resume_at = DataPipeline(config, after, 3, {0, 0}).check_state(saved);
+  EXPECT_EQ(resume_at, (DataCursor{0, 20}));
+  const std::vector<at::Tensor> resumed = assemble(run_job(config, after, resume_at, 12), 8, 8);
+  for (int64_t k = 0; k < 12; ++k) EXPECT_TRUE(at::equal(resumed[k], uninterrupted[20 + k])) << "step " << 20 + k;
+}
+
+TEST_F(DataPipelineTest, RefusesAStateOfAnotherDatasetSeedOrBlockSize) {
+  const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
+  const nlohmann::json saved = DataPipeline(data_config(dir_), mesh, 0, {0, 0}).state({0, 3});
+  auto refusal = [&](const config::Config& config, const nlohmann::json& state) -> std::string {
+    try {
+      DataPipeline(config, mesh, 0, {0, 0}).check_state(state);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(refusal(data_config(dir_), saved), "");
+  EXPECT_NE(refusal(data_config(dir_, {"seed=7"}), saved).find("seed: saved 42, now 7"), std::string::npos);
+  const std::string block = refusal(data_config(dir_, {"block_size=4"}), saved);
+  EXPECT_NE(block.find("block_size: saved 8, now 4"), std::string::npos) << block;
+  EXPECT_NE(block.find("refusing to resume"), std::string::npos) << block;
+  // Same sizes, other tokens and tokenizer: the shard checksums and the fingerprint differ.
+  const std::filesystem::path other = scratch_.path() / "other";
+  write_counting_shards(other, {500, 700, 401}, 2, "other:65536", 1000);
+  const std::string dataset = refusal(data_config(other), saved);
+  EXPECT_NE(dataset.find("tokenizer_fingerprint: saved \"test:65536\", now \"other:65536\""), std::string::npos)
+      << dataset;
+  EXPECT_NE(dataset.find("shards: saved"), std::string::npos) << dataset;
+  nlohmann::json no_seed = saved;
+  no_seed.erase("seed");
+  EXPECT_NE(refusal(data_config(dir_), no_seed).find("seed is missing"), std::string::npos);
+  nlohmann::json past_the_end = saved;
+  past_the_end["step"] = 25;
+  EXPECT_NE(refusal(data_config(dir_), past_the_end).find("outside the 25 batches of an epoch"), std::string::npos);
+}
+
+TEST_F(DataPipelineTest, InstrumentationLogsEveryStageForTheFirstSteps) {
+  const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
+  const config::Config config = data_config(dir_, {"debug.data_shapes=true", "debug.data_shape_steps=2"});
+  ::testing::internal::CaptureStderr();
+  run_job(config, mesh, {0, 0}, 3);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  auto count = [&](const std::string& what) {
+    int n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("Minibatch dataloading: True"), 2) << log;
+  EXPECT_EQ(count("[host_loader] host 0: input_ids i32[4, 8] rows 0:4 (samples "), 2) << log;
+  EXPECT_EQ(count("[host_loader] host 1: input_ids i32[4, 8] rows 4:8 (samples "), 2) << log;
+  EXPECT_EQ(count("[device_loader] input_ids i32[8@(data,fsdp), 8]; device 3 (host 0, fsdp=3) holds rows 3:4"), 2)
+      << log;
+  EXPECT_EQ(count("[device_loader] "), 16) << log;  // 8 devices x 2 steps
+  EXPECT_EQ(count(", 0 collectives"), 16) << log;
+  EXPECT_EQ(count("input_ids i32[8@(data,fsdp), 8] on mesh"), 1) << log;  // the picture, once for the job
+}
+
+TEST_F(DataPipelineTest, ConfigErrorsNameTheKey) {
+  const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
+  auto error_of = [&](const std::vector<std::string>& overrides) -> std::string {
+    try {
+      DataPipeline(data_config(dir_, overrides), mesh, 0, {0, 0});
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of({"dataset.path=nowhere"}).find("dataset.path=nowhere"), std::string::npos);
+  EXPECT_NE(error_of({"data.input_sharding=(data,fsdp"}).find("data.input_sharding=\"(data,fsdp\""),
+            std::string::npos);
+  EXPECT_NE(error_of({"data.prefetch_steps=0"}).find("data.prefetch_steps must be at least 1"), std::string::npos);
+  EXPECT_NE(error_of({"global_batch_size=512"}).find("fewer than one global batch (global_batch_size=512)"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace meshtrain::data

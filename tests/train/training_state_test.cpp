@@ -1,0 +1,96 @@
+// training_state_test.cpp — training_state.json round trips (in memory and through a checkpoint folder with its
+// completion marker), malformed files named, and the config fingerprint with the changed keys it names.
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/model/hf_checkpoint.hpp"
+#include "meshtrain/train/training_state.hpp"
+
+#include <gtest/gtest.h>
+
+#include "scratch_dir.hpp"
+
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::train {
+namespace {
+
+config::Config run_config(const std::vector<std::string>& overrides) {
+  return config::Config::load(config::default_config_dir(), overrides);
+}
+
+TrainingState sample_state() {
+  return TrainingState::for_config(run_config({"seed=7"}), 20, 40960, {{"epoch", 1}, {"step", 3}});
+}
+
+TEST(TrainingStateTest, JsonRoundTrip) {
+  const TrainingState state = sample_state();
+  EXPECT_EQ(state.seed, 7u);
+  EXPECT_EQ(state.config_fingerprint.size(), 8u);
+  const TrainingState back = TrainingState::from_json(state.to_json(), "mem");
+  EXPECT_EQ(back.step, 20);
+  EXPECT_EQ(back.tokens_seen, 40960);
+  EXPECT_EQ(back.seed, 7u);
+  EXPECT_EQ(back.data_state, state.data_state);
+  EXPECT_EQ(back.config_fingerprint, state.config_fingerprint);
+  EXPECT_EQ(back.config, state.config);
+}
+
+TEST(TrainingStateTest, WrittenBesideACheckpointAndVerified) {
+  meshtrain::testing::ScratchDir scratch("meshtrain_training_state_test");
+  const fs::path dir = scratch.path() / "step-000020";
+  const model::CheckpointFile entry = write_training_state(dir, sample_state());
+  EXPECT_EQ(entry.name, kTrainingStateFile);
+  EXPECT_EQ(entry.bytes, fs::file_size(dir / kTrainingStateFile));
+  model::write_completion_marker(dir, {entry});
+  EXPECT_NO_THROW(model::verify_checkpoint_files(dir));
+  EXPECT_EQ(read_training_state(dir).step, 20);
+
+  std::ofstream(dir / kTrainingStateFile, std::ios::app) << " ";  // damage it
+  EXPECT_THROW(model::verify_checkpoint_files(dir), UserError);
+}
+
+TEST(TrainingStateTest, MalformedStateIsNamed) {
+  meshtrain::testing::ScratchDir scratch("meshtrain_training_state_bad_test");
+  auto error_of = [&](const std::string& text) -> std::string {
+    std::ofstream(scratch.path() / kTrainingStateFile) << text;
+    try {
+      read_training_state(scratch.path());
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of("{}").find("not a meshtrain training state"), std::string::npos);
+  nlohmann::json json = sample_state().to_json();
+  json["version"] = 99;
+  EXPECT_NE(error_of(json.dump()).find("version 99"), std::string::npos);
+  json = sample_state().to_json();
+  json.erase("step");
+  const std::string missing = error_of(json.dump());
+  EXPECT_NE(missing.find("'step' is missing"), std::string::npos) << missing;
+  EXPECT_NE(missing.find(kTrainingStateFile), std::string::npos) << missing;
+  EXPECT_THROW(read_training_state(scratch.path() / "nowhere"), UserError);
+}
+
+TEST(TrainingStateTest, FingerprintIgnoresPathsLoggingAndMeshButNotTheTrajectory) {
+  const std::string base = config_fingerprint(trajectory_config(run_config({})));
+  EXPECT_EQ(config_fingerprint(trajectory_config(run_config({"output_dir=elsewhere", "logging_steps=1",
+                                                             "checkpoint.keep=5", "ici_mesh.fsdp=2"}))),
+            base);
+  EXPECT_NE(config_fingerprint(trajectory_config(run_config({"optimizer.learning_rate=0.001"}))), base);
+  EXPECT_NE(config_fingerprint(trajectory_config(run_config({"model.num_hidden_layers=3"}))), base);
+}
+
+TEST(TrainingStateTest, ConfigChangesNameEachChangedKey) {
+  const TrainingState state = TrainingState::for_config(run_config({}), 10, 0, nullptr);
+  EXPECT_TRUE(config_changes(state, run_config({"output_dir=elsewhere"})).empty());
+  const auto changes = config_changes(state, run_config({"optimizer.learning_rate=0.001", "seed=1"}));
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0], "optimizer.learning_rate: 3.0e-3 -> 0.001");
+  EXPECT_EQ(changes[1], "seed: 42 -> 1");
+}
+
+}  // namespace
+}  // namespace meshtrain::train
