@@ -3,6 +3,7 @@
 
 #include "meshtrain/common/error.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace meshtrain::data {
@@ -47,9 +48,18 @@ void HostLoader::work() {
     batch->cursor = next_cursor_;
     next_cursor_ = sampler_.next(next_cursor_);
     slots_[n];
+    at::Tensor buffer;
+    // A buffer only this list refers to (no batch holds it, no view of it is alive): no consumer still reads it.
+    auto reusable = std::find_if(buffers_.begin(), buffers_.end(), [](const at::Tensor& b) {
+      return b.use_count() == 1 && b.storage().use_count() == 1;
+    });
+    if (reusable != buffers_.end()) {
+      buffer = std::move(*reusable);
+      buffers_.erase(reusable);
+    }
     lock.unlock();
     try {
-      read(*batch);
+      read(*batch, std::move(buffer));
     } catch (...) {
       lock.lock();
       failure_ = std::current_exception();
@@ -62,10 +72,10 @@ void HostLoader::work() {
   }
 }
 
-void HostLoader::read(HostBatch& batch) const {
+void HostLoader::read(HostBatch& batch, at::Tensor buffer) const {
   const auto start = std::chrono::steady_clock::now();
   const int64_t rows = static_cast<int64_t>(rows_.size()), width = dataset_->block_size() + 1;
-  batch.tokens_RT1 = at::empty({rows, width}, at::kInt);
+  batch.tokens_RT1 = buffer.defined() ? std::move(buffer) : at::empty({rows, width}, at::kInt);
   int32_t* out = batch.tokens_RT1.data_ptr<int32_t>();
   batch.sample_ids.resize(rows);
   for (int64_t r = 0; r < rows; ++r) {
@@ -92,6 +102,7 @@ HostLoader::Taken HostLoader::take(int64_t n) {
   taken.first = slot.taken++ == 0;
   if (slot.taken == options_.consumers) {
     MT_CHECK(n == retired_, "batch {} finished before batch {}: consumers must take batches in order", n, retired_);
+    buffers_.push_back(slot.batch->tokens_RT1);
     slots_.erase(n);
     ++retired_;
     changed_.notify_all();

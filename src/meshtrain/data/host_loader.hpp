@@ -5,7 +5,9 @@
 // thread claims the next batch number, looks up the sample id of each planned row (random access into the
 // sampler's permutation), and copies each sample's tokens out of the memory-mapped shards into one int32 buffer.
 // At most `prefetch_steps` batches are read or waiting beyond those every consumer has taken. Every local device
-// thread is a consumer and takes every batch, in order; a batch is dropped once all of them have taken it.
+// thread is a consumer and takes every batch, in order; a batch is dropped once all of them have taken it, and its
+// buffer is reused for a later batch once nothing refers to it any more (fresh buffers would page-fault on every
+// batch, which costs more than the copy).
 //
 // Legend: R = host-local rows (ReadPlan::rows), T1 = block_size + 1 tokens.
 #pragma once
@@ -58,7 +60,7 @@ class HostLoader {
 
  private:
   void work();
-  void read(HostBatch& batch) const;
+  void read(HostBatch& batch, at::Tensor buffer) const;
 
   std::shared_ptr<const TokenDataset> dataset_;
   GlobalSampler sampler_;
@@ -77,6 +79,7 @@ class HostLoader {
     int taken = 0;
   };
   std::map<int64_t, Slot> slots_;  // claimed and not yet retired
+  std::vector<at::Tensor> buffers_;  // buffers of retired batches, free once their storage has no other user
   std::vector<std::thread> workers_;
 };
 

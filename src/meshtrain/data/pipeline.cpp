@@ -74,10 +74,10 @@ DeviceBatch DataPipeline::next(runtime::DeviceContext& ctx) {
   if (instrument) {
     const sharding::ShardBounds bounds = out.input_ids.bounds();
     const std::string placement = out.input_ids.placement_string();  // "device 3 (host 0, fsdp=3) holds [...]"
-    log::info("[device_loader] input_ids {}; {} holds rows {} (labels alike); waited {:.3f} ms, {} collectives",
-              out.input_ids.type_string(), placement.substr(0, placement.find(" holds ")),
-              sharding::range_string(bounds.offset[0], bounds.shape[0]), taken.wait_seconds * 1e3,
-              ctx.counters().total_calls() - calls_before);
+    log::info("[device_loader] input_ids {}; {} holds rows {} (labels alike); epoch {} step {}, waited {:.3f} ms, {} "
+              "collectives", out.input_ids.type_string(), placement.substr(0, placement.find(" holds ")),
+              sharding::range_string(bounds.offset[0], bounds.shape[0]), batch.cursor.epoch, batch.cursor.step,
+              taken.wait_seconds * 1e3, ctx.counters().total_calls() - calls_before);
     if (n == 0) sharding::print_sharding(ctx, out.input_ids, "input_ids");
   }
   return out;

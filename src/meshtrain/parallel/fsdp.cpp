@@ -42,9 +42,15 @@ void FsdpUnit::bind_params_to(const at::Tensor& full_flat) {
   for (Member& m : members_) m.param.set_data(full_flat.narrow(0, m.offset, m.numel).view(m.shape));
 }
 
+void FsdpUnit::prefetch() {
+  if (gathered_ || pending_) return;
+  pending_ = comm_.allgather_async(shard_);
+}
+
 void FsdpUnit::gather() {
   if (gathered_) return;
-  at::Tensor full = comm_.allgather(shard_);
+  at::Tensor full = pending_ ? pending_->wait() : comm_.allgather(shard_);
+  pending_.reset();
   if (!full_.defined()) {
     full_ = full;
     bind_params_to(full_);

@@ -3,6 +3,7 @@
 //
 // Life of a unit in a step (n = fsdp group size > 1):
 //   gather()       all-gather of the shards into a full flat buffer; the module's parameters become views of it
+//                  (prefetch() starts that all-gather early, while the previous layer computes)
 //   forward        the layer runs on the gathered parameters
 //   free_full()    (reshard after forward) the full buffer's storage is released; the parameters keep their shape
 //   gather()       again before the layer's backward (a hook on the layer's output gradient)
@@ -17,6 +18,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +47,8 @@ class FsdpUnit {
   at::Tensor& grad_shard() { return grad_shard_; }  // same shape
 
   void gather();
+  // Starts the all-gather now so that the next gather() only waits for what is left (no-op if gathered or started).
+  void prefetch();
   void free_full();
   bool gathered() const { return gathered_; }
   // Reads every member's .grad (zeros for a member that got none), reduce-scatters the flat gradient into
@@ -72,6 +76,7 @@ class FsdpUnit {
   at::Tensor grad_shard_;
   at::Tensor full_;  // n > 1: the gathered flat buffer (storage released while not gathered)
   bool gathered_ = false;
+  std::optional<runtime::PendingGather> pending_;  // a prefetch in flight
 };
 
 }  // namespace meshtrain::parallel

@@ -71,12 +71,19 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
 at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
                                     const model::RopeTables& rope) {
   FsdpUnit& unit = *layers_[index];
+  FsdpUnit* next = index + 1 < static_cast<int64_t>(layers_.size()) ? layers_[index + 1].get() : nullptr;
+  FsdpUnit* previous = index > 0 ? layers_[index - 1].get() : nullptr;
   const at::Tensor input_BTD = LayerGradientBoundary::apply(x_BTD, &unit);
   unit.gather();
+  if (next) next->prefetch();  // the next layer's all-gather overlaps this layer's forward
   at::Tensor y_BTD = layer.forward(input_BTD, rope);
   if (options_.reshard_after_forward && fsdp_comm_.size() > 1) {
     unit.free_full();
-    y_BTD.register_hook([&unit](const at::Tensor&) { unit.gather(); });
+    // Backward runs the layers in reverse: gather this one again, and start the one before it.
+    y_BTD.register_hook([&unit, previous](const at::Tensor&) {
+      unit.gather();
+      if (previous) previous->prefetch();
+    });
   }
   return y_BTD;
 }

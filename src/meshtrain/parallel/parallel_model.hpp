@@ -3,7 +3,8 @@
 //
 // Every device builds the same full model (same seed, or loaded from the same checkpoint) and hands it here; the
 // device keeps its tensor-parallel block of each projection and its FSDP shard of every unit. Where it communicates:
-//   forward          all-gather of each unit's shards over fsdp (the root unit once, each layer before it runs);
+//   forward          all-gather of each unit's shards over fsdp (the root unit once, each layer before it runs, the
+//                    next layer's started while the current one computes; in backward, the previous layer's);
 //                    tensor-parallel all-reduces inside attention and MLP
 //   backward         each layer: all-gather again (if resharded after forward), then reduce-scatter of its gradients
 //                    over fsdp; finish_backward(): the root unit's reduce-scatter

@@ -63,6 +63,8 @@ class CommBackend {
   virtual int size() const = 0;
   virtual void allreduce_sum(at::Tensor& tensor) = 0;
   virtual at::Tensor allgather(const at::Tensor& local) = 0;
+  // Starts an all-gather; the returned function waits for it and returns allgather()'s result.
+  virtual std::function<at::Tensor()> start_allgather(const at::Tensor& local) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual at::Tensor all_to_all(const at::Tensor& input) = 0;
   virtual void barrier() = 0;
@@ -76,6 +78,9 @@ class SoloBackend final : public CommBackend {
   int size() const override { return 1; }
   void allreduce_sum(at::Tensor&) override {}
   at::Tensor allgather(const at::Tensor& local) override { return local.clone(); }
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local) override {
+    return [copy = local.clone()] { return copy; };
+  }
   void broadcast(at::Tensor&, int) override {}
   at::Tensor all_to_all(const at::Tensor& input) override { return input.clone(); }
   void barrier() override {}
@@ -98,13 +103,18 @@ class ProcessGroupBackend final : public CommBackend {
     if (!buffers[0].is_same(tensor)) tensor.copy_(buffers[0]);
   }
 
-  at::Tensor allgather(const at::Tensor& local) override {
+  at::Tensor allgather(const at::Tensor& local) override { return start_allgather(local)(); }
+
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local) override {
     at::Tensor send = needs_fp32_transport(local) ? local.to(at::kFloat) : local.contiguous();
     std::vector<at::Tensor> inputs{send};
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(send));
-    group_->allgather(outputs, inputs)->wait();
-    return at::cat(outputs[0], 0).to(local.scalar_type());
+    auto outputs = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
+    for (int r = 0; r < size(); ++r) (*outputs)[0].push_back(at::empty_like(send));
+    auto work = group_->allgather(*outputs, inputs);
+    return [work, outputs, dtype = local.scalar_type()] {
+      work->wait();
+      return at::cat((*outputs)[0], 0).to(dtype);
+    };
   }
 
   void broadcast(at::Tensor& tensor, int root) override {
@@ -172,6 +182,27 @@ at::Tensor Comm::allgather(const at::Tensor& local) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
   CollectiveRecord record(*counters_, Collective::allgather, payload_bytes(local));
   return backend_->allgather(local);
+}
+
+PendingGather Comm::allgather_async(const at::Tensor& local) {
+  MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
+  const auto start = std::chrono::steady_clock::now();
+  PendingGather pending;
+  pending.finish_ = backend_->start_allgather(local);
+  pending.counters_ = counters_;
+  pending.bytes_ = payload_bytes(local);
+  pending.issue_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return pending;
+}
+
+at::Tensor PendingGather::wait() {
+  MT_CHECK(finish_, "PendingGather::wait called twice (or on a gather that was never started)");
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor result = finish_();
+  finish_ = nullptr;
+  counters_->record(Collective::allgather, bytes_,
+                    issue_seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return result;
 }
 
 void Comm::broadcast(at::Tensor& tensor, int root) {

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -54,6 +55,21 @@ class CollectiveCounters {
 
 class CommBackend;
 
+// An all-gather in flight (Comm::allgather_async): the communication proceeds on the backend's threads while the
+// caller computes; wait() returns what allgather() would have, and counts the call with the time it spent issuing
+// and waiting (the part of the communication that was not hidden).
+class PendingGather {
+ public:
+  at::Tensor wait();
+
+ private:
+  friend class Comm;
+  std::function<at::Tensor()> finish_;
+  std::shared_ptr<CollectiveCounters> counters_;
+  int64_t bytes_ = 0;
+  double issue_seconds_ = 0;
+};
+
 class Comm {
  public:
   // A group of one device: every collective is the identity (and still counted).
@@ -69,6 +85,8 @@ class Comm {
   void allreduce_sum(at::Tensor& tensor);
   // Concatenation of every rank's `local` along dim 0, in rank order: [size * n, ...].
   at::Tensor allgather(const at::Tensor& local);
+  // The same, started now and finished by wait() (every rank must start it at the same point of its sequence).
+  PendingGather allgather_async(const at::Tensor& local);
   // Root's tensor everywhere, in place.
   void broadcast(at::Tensor& tensor, int root);
   // `input` is [size * n, ...]: rank r receives the sum over ranks of chunk r, [n, ...]. Summed in rank order,
