@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <malloc.h>
 #include <string>
 
 namespace {
@@ -31,9 +32,22 @@ void print_usage() {
   std::fprintf(stderr, "\n`meshtrain <verb> --help` describes a verb's options.\n");
 }
 
+// glibc's default malloc hands the step's large tensor buffers back to the kernel (mmap'd chunks are unmapped on
+// free, per-thread arenas drop whole 64 MB heaps as they empty), so every training step page-faults all of its
+// activations and gradients in again: ~130k faults per step for llama-10m at 8 x 256 tokens, a third of the step.
+// Keep the memory instead: one arena (the device threads' arenas were the ones releasing heaps), no mmap'd chunks,
+// no trimming. The process then holds on to its high-water mark, which the next step needs anyway. Must run before
+// any thread starts (M_ARENA_MAX applies to arenas created later).
+void keep_freed_memory() {
+  mallopt(M_ARENA_MAX, 1);
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_freed_memory();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage();
     return argc < 2 ? 2 : 0;

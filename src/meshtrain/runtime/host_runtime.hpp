@@ -57,6 +57,9 @@ class HostRuntime {
   // everywhere (this process exits; see the file comment).
   void run_on_devices(const std::function<void(DeviceContext&)>& fn);
 
+  // Torch intra-op threads each device thread runs with (runtime.threads_per_device, or the cores split evenly).
+  int threads_per_device() const { return threads_per_device_; }
+
   // Ends the job everywhere with `reason` (published for the other hosts), exiting with `exit_code`.
   [[noreturn]] void abort_job(const std::string& reason, int exit_code);
 

@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
-#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -111,15 +110,13 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   }
   MT_USER_CHECK(model_config.vocab_size >= pipeline.vocab_size(),
                 "the model's vocab_size ({}) is smaller than the vocabulary of the dataset's tokenizer ({}, {}): pick "
-                "a model and dataset that fit (model=llama-tiny with dataset=moby-dick-byte, a 32k+ model with "
-                "dataset=moby-dick-gpt2)", model_config.vocab_size, pipeline.vocab_size(),
+                "a model and dataset that fit (model=llama-tiny with dataset=moby-dick-byte), or widen the model "
+                "(model.vocab_size=50304 for dataset=moby-dick-gpt2)", model_config.vocab_size, pipeline.vocab_size(),
                 pipeline.tokenizer_fingerprint());
   const std::string init_from = config.get_string("checkpoint.init_from");
 
-  const int threads = config.get_int("runtime.threads_per_device") > 0
-                          ? static_cast<int>(config.get_int("runtime.threads_per_device"))
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / mesh.devices_per_host());
-  MetricsLogger metrics(config, host == 0, peak_flops_per_device(config, compute_dtype, threads), start_step + 1);
+  MetricsLogger metrics(config, host == 0, peak_flops_per_device(config, compute_dtype, runtime.threads_per_device()),
+                        start_step + 1);
   const int64_t global_tokens = global_batch_size * block_size;
   log::info("Training a Llama of {} layers x {} hidden ({} parameters), steps {}..{}: global batch {} x {} = {} tokens "
             "per step, {} micro-batch{} per step, {} on {} devices", model_config.num_hidden_layers,
