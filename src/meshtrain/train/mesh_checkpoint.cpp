@@ -35,32 +35,26 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
   if (device == 0) model::begin_checkpoint_directory(dir);
   world.barrier();
 
-  // Which tensors this device writes: every `writers`-th, starting at its rank.
+  // Tensor i (in unit order) is written by device i mod writers; each device keeps only the full tensors it writes.
+  const size_t num_tensors = model.model().named_parameters().size();
+  const size_t writers = std::min<size_t>(world.size(), num_tensors);
+  auto mine = [&](size_t index) { return index % writers == static_cast<size_t>(device); };
   std::vector<std::string> names;
   std::vector<std::pair<std::string, torch::Tensor>> weights, moments;
   uint64_t total_bytes = 0;
   model.for_each_full_tensor(model.parameter_shards(), [&](const std::string& name, const at::Tensor& full) {
+    if (mine(names.size())) weights.emplace_back(name, full);
     names.push_back(name);
-    weights.emplace_back(name, full);
     total_bytes += full.nbytes();
   });
-  const size_t writers = std::min<size_t>(world.size(), names.size());
-  auto keep_mine = [&](std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-    std::vector<std::pair<std::string, torch::Tensor>> mine;
-    for (size_t i = 0; i < tensors.size(); ++i)
-      if (i % writers == static_cast<size_t>(device)) mine.push_back(std::move(tensors[i]));
-    tensors = std::move(mine);
-  };
-  keep_mine(weights);
-  for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
-    std::vector<std::pair<std::string, torch::Tensor>> all;
-    const std::vector<at::Tensor>& buffers =
-        std::string(suffix) == ".exp_avg" ? optimizer.exp_avg() : optimizer.exp_avg_sq();
-    model.for_each_full_tensor(buffers, [&](const std::string& name, const at::Tensor& full) {
-      all.emplace_back(name + suffix, full);
+  MT_CHECK(names.size() == num_tensors, "{} full tensors for {} parameters", names.size(), num_tensors);
+  const std::pair<const char*, const std::vector<at::Tensor>*> moment_buffers[] = {
+      {".exp_avg", &optimizer.exp_avg()}, {".exp_avg_sq", &optimizer.exp_avg_sq()}};
+  for (const auto& [suffix, buffers] : moment_buffers) {
+    size_t index = 0;
+    model.for_each_full_tensor(*buffers, [&, suffix = suffix](const std::string& name, const at::Tensor& full) {
+      if (mine(index++)) moments.emplace_back(name + suffix, full);
     });
-    keep_mine(all);
-    for (auto& t : all) moments.push_back(std::move(t));
   }
   if (static_cast<size_t>(device) < writers) {
     write_tensor_file(dir / model::weights_file_name(device, writers), weights);
