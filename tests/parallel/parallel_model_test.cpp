@@ -148,6 +148,8 @@ TEST(ParallelModelTest, FsdpShardsShrinkWithTheDegree) {
       ParallelModel pm(fresh_model(), ctx, {});
       int64_t n = 0;
       for (const at::Tensor& s : pm.parameter_shards()) n += s.numel();
+      // No device may tear its fsdp group down while a peer is still connecting to it.
+      ctx.over(Axis::fsdp).barrier();
       std::lock_guard<std::mutex> lock(mutex);
       shard_elements[fsdp] = n;
     }));

@@ -31,21 +31,29 @@ struct LayerGradientBoundary : torch::autograd::Function<LayerGradientBoundary> 
   }
 };
 
+// The layout checks, run before any group is created: a device that failed while its peers were still connecting
+// would leave them with a transport error instead of the reason.
+std::shared_ptr<model::LlamaForCausalLM> checked_for_mesh(std::shared_ptr<model::LlamaForCausalLM> model,
+                                                           const mesh::Mesh& mesh) {
+  MT_USER_CHECK(mesh.size(mesh::Axis::expert) == 1,
+                "the mesh has expert={} but Llama models have no experts to place; set ici_mesh.expert=1 and "
+                "dcn_mesh.expert=1", mesh.size(mesh::Axis::expert));
+  check_tensor_parallel(model->config(), mesh.size(mesh::Axis::tensor));
+  return model;
+}
+
 std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
 
 }  // namespace
 
 ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx,
                              ParallelOptions options)
-    : model_(std::move(model)),
+    : model_(checked_for_mesh(std::move(model), ctx.mesh())),
       ctx_(ctx),
       options_(options),
       fsdp_comm_(ctx.over(mesh::Axis::fsdp)),
       tensor_comm_(ctx.over(mesh::Axis::tensor)),
       data_comm_(ctx.over(mesh::Axis::data)) {
-  MT_USER_CHECK(ctx.mesh().size(mesh::Axis::expert) == 1,
-                "the mesh has expert={} but Llama models have no experts to place; set ici_mesh.expert=1 and "
-                "dcn_mesh.expert=1", ctx.mesh().size(mesh::Axis::expert));
   apply_tensor_parallel(*model_, tensor_comm_);
 
   const int64_t num_layers = model_->config().num_hidden_layers;

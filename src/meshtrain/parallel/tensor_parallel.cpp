@@ -52,10 +52,7 @@ at::Tensor gather_tensor_blocks(const at::Tensor& block, TensorSplit split, runt
   return tensor_comm.allgather(block.t().contiguous()).t().contiguous();
 }
 
-void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor_comm) {
-  const int n = tensor_comm.size();
-  if (n == 1) return;
-  const model::LlamaConfig& config = model.config();
+void check_tensor_parallel(const model::LlamaConfig& config, int n) {
   MT_USER_CHECK(config.num_attention_heads % n == 0,
                 "tensor parallelism over {} ranks needs num_attention_heads ({}) to be a multiple of {}", n,
                 config.num_attention_heads, n);
@@ -65,6 +62,12 @@ void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor
   MT_USER_CHECK(config.intermediate_size % n == 0,
                 "tensor parallelism over {} ranks needs intermediate_size ({}) to be a multiple of {}", n,
                 config.intermediate_size, n);
+}
+
+void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor_comm) {
+  const int n = tensor_comm.size();
+  if (n == 1) return;
+  check_tensor_parallel(model.config(), n);
   torch::NoGradGuard no_grad;
   for (const std::string& name : model.linear_names()) {
     const TensorSplit split = tensor_split_of(name + ".weight");

@@ -47,9 +47,11 @@ class RowParallelLinear : public model::Linear {
   runtime::Comm& comm_;
 };
 
-// Replaces every layer's projections by this rank's column/row-parallel blocks of their current weights. UserError
-// if the heads, key/value heads or MLP width do not divide by the group size (naming the config key). No-op for a
-// group of one.
+// UserError unless the heads, key/value heads and MLP width divide by `tensor_size` (naming the config key).
+void check_tensor_parallel(const model::LlamaConfig& config, int tensor_size);
+
+// Replaces every layer's projections by this rank's column/row-parallel blocks of their current weights, after
+// check_tensor_parallel. No-op for a group of one.
 void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor_comm);
 
 // This rank's block of a full parameter under `split` (a copy), and the full parameter from every rank's block
