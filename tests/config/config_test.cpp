@@ -96,6 +96,14 @@ TEST_F(ConfigTest, SaveAndReload) {
   EXPECT_EQ(reloaded.leaf_keys(), c.leaf_keys());
 }
 
+TEST_F(ConfigTest, LeafValuesAreEveryLeafAsYamlText) {
+  Config c = Config::load(dir_, {"seed=7"});
+  const std::map<std::string, std::string> values = c.leaf_values();
+  EXPECT_EQ(values.size(), c.leaf_keys().size());
+  EXPECT_EQ(values.at("seed"), "7");
+  EXPECT_EQ(values.at("model.hidden_size"), "64");
+}
+
 TEST(ShippedConfigTest, DefaultsLoadWithEveryModel) {
   const fs::path dir = default_config_dir();
   for (const auto& entry : fs::directory_iterator(dir / "model")) {

@@ -1,5 +1,6 @@
 // hf_checkpoint_test.cpp — safetensors and Hugging Face checkpoint directories: round trips (single file, sharded,
-// bf16), the completion marker, and damaged or mismatched checkpoints refused with the file and the check named.
+// bf16), the completion marker, and damaged or mismatched checkpoints refused with the file and the check named
+// (overflowing shapes, marker and index file names outside the directory).
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/safetensors.hpp"
@@ -156,6 +157,45 @@ TEST_F(CheckpointTest, GarbageHeaderIsRefused) {
   std::ofstream(dir_ / "bad.safetensors") << "not a safetensors file at all";
   std::string message = user_error([&] { SafetensorsFile::read(dir_ / "bad.safetensors"); });
   EXPECT_NE(message.find("bad.safetensors: header length"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointTest, OverflowingShapeIsRefused) {
+  // 2^62 x 4 floats is 2^66 bytes, 0 in 64 bits: it matched an empty data range and reached torch::empty.
+  fs::create_directories(dir_);
+  const std::string header = R"({"x":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  bytes[0] = static_cast<char>(header.size());
+  std::ofstream(dir_ / "big.safetensors", std::ios::binary) << bytes << header;
+  std::string message = user_error([&] { SafetensorsFile::read(dir_ / "big.safetensors"); });
+  EXPECT_NE(message.find("big.safetensors: tensor 'x': shape check failed: the sizes [4611686018427387904, 4] "
+                         "overflow a 64-bit byte count"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointTest, MarkerAndIndexNamesMustBePlainFileNames) {
+  LlamaConfig config = small_config();
+  LlamaForCausalLM model(config);
+  HfSaveOptions options;
+  options.max_shard_bytes = 1;  // sharded: with an index
+  save_hf_checkpoint(dir_, model, options);
+  // A marker entry outside the directory was read (and its size and checksum compared) before names were checked.
+  std::ofstream(dir_ / kCompletionMarker) << R"({"files": [{"name": "../outside.json", "bytes": 2, "crc32c": 0}]})";
+  std::string message = user_error([&] { verify_checkpoint_files(dir_); });
+  EXPECT_NE(message.find(kCompletionMarker + std::string(": file name check failed: name \"../outside.json\" must "
+                                                         "be a plain file name")), std::string::npos) << message;
+  std::ofstream(dir_ / kCompletionMarker) << R"({"files": [{"name": "config.json", "bytes": "2", "crc32c": 0}]})";
+  message = user_error([&] { verify_checkpoint_files(dir_); });  // was a nlohmann type_error
+  EXPECT_NE(message.find("a file entry lacks a name, a byte count or a 32-bit crc32c"), std::string::npos) << message;
+
+  fs::remove(dir_ / kCompletionMarker);
+  std::ofstream(dir_ / "config.json") << config.to_hf_json("float32").dump();  // as from Hugging Face
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"weight_map": {"model.norm.weight": "/etc/passwd"}})";
+  message = user_error([&] { load_hf_checkpoint(dir_, model); });
+  EXPECT_NE(message.find("model.safetensors.index.json: file name check failed: weight_map file \"/etc/passwd\""),
+            std::string::npos) << message;
+  std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"model.norm.weight": 3}})";
+  message = user_error([&] { load_hf_checkpoint(dir_, model); });  // was a nlohmann type_error
+  EXPECT_NE(message.find("weight_map file 3 is not a file name"), std::string::npos) << message;
 }
 
 TEST_F(CheckpointTest, ArchitectureMismatchNamesTheKey) {

@@ -31,5 +31,44 @@ TEST(CommTest, SoloCollectivesAreTheIdentityAndAreCounted) {
   EXPECT_EQ(ctx.world().label(), "world");
 }
 
+TEST(CommTest, TheFlightRecorderKeepsTheLastCollectivesWithTheirGroupSequence) {
+  mesh::Mesh mesh = mesh::Mesh::create(mesh::AxisSizes{}, mesh::AxisSizes{}, 1, 1);
+  DeviceContext ctx = make_single_device_context(mesh);
+  at::Tensor x = at::ones({4}, at::kFloat);
+  for (int i = 0; i < 10; ++i) ctx.over(mesh::Axis::fsdp).allreduce_sum(x);
+  ctx.world().barrier();
+  const std::vector<CollectiveEntry> recent = ctx.counters().recent();
+  ASSERT_EQ(recent.size(), CollectiveCounters::kRecentCollectives);
+  EXPECT_EQ(recent.back().group, "world");
+  EXPECT_EQ(recent.back().sequence, 1);  // the world group's first collective
+  EXPECT_EQ(recent[recent.size() - 2].group, "fsdp");
+  EXPECT_EQ(recent[recent.size() - 2].sequence, 10);
+  EXPECT_EQ(recent[recent.size() - 2].bytes, 16);
+  for (const CollectiveEntry& e : recent) EXPECT_TRUE(e.completed);
+  EXPECT_EQ(ctx.counters().calls(Collective::allreduce), 10);
+  const std::vector<std::string> lines = ctx.counters().recent_lines();
+  EXPECT_EQ(lines.back().rfind("world #1 barrier 0 B: completed", 0), 0u) << lines.back();
+}
+
+TEST(CommTest, ACollectiveStillInFlightShowsAsNotCompleted) {
+  CollectiveCounters counters;
+  const int64_t done = counters.begin("fsdp", Collective::allgather, 41, 1024);
+  counters.finish(done, Collective::allgather, 1024, 0.01);
+  counters.begin("(data,fsdp)", Collective::allreduce, 7, 8);
+  const std::vector<std::string> lines = counters.recent_lines();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].rfind("fsdp #41 allgather 1024 B: completed", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("(data,fsdp) #7 allreduce 8 B: NOT completed, waiting for", 0), 0u) << lines[1];
+  EXPECT_EQ(counters.calls(Collective::allgather), 1);
+  EXPECT_EQ(counters.calls(Collective::allreduce), 0);  // counted when it completes
+}
+
+TEST(DeviceProgressTest, ReportsTheStepAndWhenItWasReached) {
+  DeviceProgress progress;
+  progress.report(5);
+  EXPECT_EQ(progress.step(), 5);
+  EXPECT_LT(progress.seconds_since_progress(), 1.0);
+}
+
 }  // namespace
 }  // namespace meshtrain::runtime

@@ -4,18 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/fake_environment.hpp"
+
 #include <map>
 
 namespace meshtrain::runtime {
 namespace {
-
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
 
 TEST(HostIdentityTest, DefaultIsOneLocalHost) {
   HostIdentity id = resolve_host_identity({}, env_of({}));

@@ -63,12 +63,15 @@ TEST(MultiHostSlowTest, AnExceptionOnOneDeviceEndsEveryHost) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, -2) << "timed out: " << r.output;
   EXPECT_LT(r.seconds, kFailureBoundS + 15) << r.output;
-  EXPECT_NE(r.output.find("host 1 device 3 failed: failure injected on device 3"), std::string::npos) << r.output;
-  // The other host says why it stopped.
-  EXPECT_NE(r.output.find("[host 0]"), std::string::npos);
-  EXPECT_TRUE(r.output.find("the job was aborted: host 1 device 3 failed") != std::string::npos ||
-              r.output.find("[host 0] ") != std::string::npos)
+  // The failing host names its failure and exits 1; the other says it ended because of that one, and exits 3.
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\[host 1\] .*host 1 device 3 failed: failure injected on device 3 \(--inject-failure\))")))
       << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\[host 0\] .*the job was aborted: host 1 device 3 failed: failure injected on device 3)")))
+      << r.output;
+  EXPECT_NE(r.output.find("[meshtrain run] host 1 exited with code 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[meshtrain run] host 0 exited with code 3"), std::string::npos) << r.output;
 }
 
 void kill_host_and_expect_job_end(int victim) {
@@ -96,13 +99,17 @@ void kill_host_and_expect_job_end(int victim) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, -2) << "timed out: " << r.output;
   EXPECT_LT(after_kill, kFailureBoundS) << r.output;
-  // Every surviving host reports an error, none claims success.
+  // Every surviving host names the dead one as the reason it stopped, exits 3, and none claims success.
+  const std::string reason = victim == 0 ? "(lost contact with|has had no answer from) the job's coordinator \\(host 0"
+                                         : "host " + std::to_string(victim) + " stopped responding";
   for (int h = 0; h < 3; ++h) {
     if (h == victim) continue;
-    EXPECT_NE(r.output.find("[host " + std::to_string(h) + "] "), std::string::npos);
+    EXPECT_TRUE(std::regex_search(r.output, std::regex("\\[host " + std::to_string(h) + "\\] .*ERROR.*" + reason)))
+        << "host " << h << " must name the reason: " << r.output;
+    EXPECT_NE(r.output.find("[meshtrain run] host " + std::to_string(h) + " exited with code 3"), std::string::npos)
+        << r.output;
     EXPECT_EQ(r.output.find("commcheck passed on host " + std::to_string(h)), std::string::npos) << r.output;
   }
-  EXPECT_NE(r.output.find("ERROR"), std::string::npos) << r.output;
 }
 
 TEST(MultiHostSlowTest, KillingAWorkerHostEndsTheJob) { kill_host_and_expect_job_end(2); }

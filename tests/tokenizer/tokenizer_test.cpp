@@ -306,5 +306,50 @@ TEST(TokenizerTest, ErrorsNameTheFile) {
   EXPECT_THROW(load_tokenizer("no-such-tokenizer"), UserError);
 }
 
+// The message of the UserError that loading `file` raises ("" if it loads, or throws something else).
+std::string load_error(const fs::path& file) {
+  try {
+    load_tokenizer(file.string());
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TokenizerTest, TokenizerJsonIdsAreBoundedAndTypesChecked) {
+  meshtrain::testing::ScratchDir scratch("meshtrain_tokenizer_json_ids_test");
+  const fs::path file = scratch.path() / "tokenizer.json";
+  auto write = [&](const std::string& vocab, const std::string& added) {
+    std::ofstream(file) << R"({"normalizer": null, "decoder": {"type": "ByteLevel"},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+        "added_tokens": [)" << added << R"(], "model": {"type": "BPE", "vocab": {)" << vocab
+                        << R"(}, "merges": ["a b"]}})";
+  };
+  // 4294967295 + 1 wrapped to 0: the table was resized to nothing and written out of bounds.
+  write(R"("a": 0, "b": 1, "ab": 4294967295)", "");
+  std::string error = load_error(file);
+  EXPECT_NE(error.find(file.string() + ": token id check failed: the id of vocab token 'ab' is 4294967295"),
+            std::string::npos) << error;
+  write(R"("a": 0, "b": 1, "ab": 2)", R"({"id": 2147483648, "content": "<|endoftext|>"})");
+  error = load_error(file);
+  EXPECT_NE(error.find("token id check failed: the id of added token '<|endoftext|>' is 2147483648, expected an "
+                       "integer below 4"), std::string::npos) << error;
+  write(R"("a": -1, "b": 1, "ab": 2)", "");
+  EXPECT_NE(load_error(file).find("the id of vocab token 'a' is -1"), std::string::npos) << load_error(file);
+  write(R"("a": 0, "b": 1, "ab": 2)", R"({"id": 3, "content": 7})");  // was a nlohmann type_error
+  error = load_error(file);
+  EXPECT_NE(error.find(file.string() + ": unexpected structure"), std::string::npos) << error;
+}
+
+TEST(TokenizerTest, TiktokenRanksAreBoundedByTheLineCount) {
+  meshtrain::testing::ScratchDir scratch("meshtrain_tiktoken_ranks_test");
+  const fs::path file = scratch.path() / "r50k_base.tiktoken";
+  // Ranks up to 2^26 were accepted: one line could make a 2 GB table.
+  std::ofstream(file) << "IQ== 0\nIg== 4294967295\n";
+  const std::string error = load_error(file);
+  EXPECT_NE(error.find(file.string() + ":2: rank check failed: rank 4294967295 is not below the file's 3 lines"),
+            std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace meshtrain::tokenizer

@@ -1,11 +1,13 @@
 // shard_test.cpp — the token-shard format: write/read round trips (uint16 and uint32), memory-mapped access, and
 // up-front validation with the exact error for truncated, corrupted, wrong-magic, wrong-version and
-// tokenizer-mismatched shards.
+// tokenizer-mismatched shards, token ids beyond the vocabulary, malformed index fields, and a shard truncated while
+// mapped.
 #include <gtest/gtest.h>
 
 #include "scratch_dir.hpp"
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
@@ -21,14 +23,15 @@ class TokensShardTest : public ::testing::Test {
  protected:
 
   // Writes a directory of one shard holding `documents`, with an index.
-  void write_directory(const std::vector<std::vector<uint32_t>>& documents, uint32_t token_bytes) {
+  void write_directory(const std::vector<std::vector<uint32_t>>& documents, uint32_t token_bytes,
+                       uint32_t vocab_size = 70000) {
     fs::remove(shard_path());
     ShardWriter writer(dir_ / "shard_00000.tok", token_bytes, "test-tok", "crc32c:0000abcd:42");
     for (const auto& doc : documents) writer.append_document(doc.data(), doc.size());
     EXPECT_FALSE(fs::exists(dir_ / "shard_00000.tok")) << "the shard must appear only at finish()";
     ShardEntry entry = writer.finish();
     ShardIndex index;
-    index.tokenizer = {"test-tok", "tiktoken", "crc32c:0000abcd:42", 70000, 3};
+    index.tokenizer = {"test-tok", "tiktoken", "crc32c:0000abcd:42", vocab_size, 3};
     index.token_bytes = token_bytes;
     index.total_tokens = entry.tokens;
     index.total_documents = entry.documents;
@@ -54,6 +57,14 @@ class TokensShardTest : public ::testing::Test {
 
   fs::path shard_path() const { return dir_ / "shard_00000.tok"; }
 
+  // Rewrites index.json through `edit` of its JSON.
+  template <typename Edit>
+  void edit_index(Edit&& edit) {
+    nlohmann::json json = nlohmann::json::parse(std::ifstream(dir_ / kIndexFileName));
+    edit(json);
+    std::ofstream(dir_ / kIndexFileName) << json.dump();
+  }
+
   meshtrain::testing::ScratchDir scratch_{"meshtrain_shard_test"};
   const fs::path& dir_ = scratch_.path();
   const std::vector<std::vector<uint32_t>> documents_ = {{3, 10, 11, 12}, {3, 65535}, {3}, {3, 7, 8}};
@@ -69,7 +80,7 @@ TEST_F(TokensShardTest, RoundTripsUint16AndUint32) {
   for (uint32_t width : {2u, 4u}) {
     std::vector<std::vector<uint32_t>> documents = documents_;
     if (width == 4) documents[1][1] = 128255;
-    write_directory(documents, width);
+    write_directory(documents, width, width == 4 ? 128256 : 70000);
     ShardDirectory dir = ShardDirectory::open(dir_);
     ASSERT_EQ(dir.shards().size(), 1u);
     const TokenShard& shard = dir.shards()[0];
@@ -152,6 +163,64 @@ TEST_F(TokensShardTest, TokenizerMismatchAndMissingIndex) {
   fs::remove(dir_ / kIndexFileName);
   std::string error = open_error();
   EXPECT_NE(error.find("index.json: missing: not a finished token-shard directory"), std::string::npos) << error;
+}
+
+TEST_F(TokensShardTest, TokenIdsAreCheckedAgainstTheVocabulary) {
+  // The index records each shard's largest id; the reader compares it with the tokenizer's vocabulary.
+  write_directory(documents_, 2, 1000);
+  EXPECT_EQ(open_error(), shard_path().string() +
+                              ": token id check failed: token id 65535 is not below the vocabulary size 1000 of "
+                              "tokenizer test-tok (" + (dir_ / kIndexFileName).string() + ")");
+  // An index without the record (written before it existed): the reader scans the shard, checksums or not.
+  edit_index([](nlohmann::json& json) { json["shards"][0].erase("max_token"); });
+  OpenOptions no_checksum;
+  no_checksum.verify_checksums = false;
+  EXPECT_NE(open_error(no_checksum).find("token id 65535 is not below the vocabulary size 1000"), std::string::npos);
+  // A record that understates the largest id is caught when checksums are verified.
+  write_directory(documents_, 2);
+  edit_index([](nlohmann::json& json) { json["shards"][0]["max_token"] = 12; });
+  EXPECT_EQ(open_error(), shard_path().string() + ": does not match the index: the largest token id is 65535, the "
+                                                  "index says 12");
+  write_directory(documents_, 2);
+  ShardDirectory dir = ShardDirectory::open(dir_);
+  EXPECT_EQ(dir.shards()[0].max_token(), 65535u);
+  EXPECT_EQ(dir.index().shards[0].max_token, 65535u);
+}
+
+TEST_F(TokensShardTest, IndexFieldsAreCheckedStrictly) {
+  const std::string index = (dir_ / kIndexFileName).string();
+  auto error_after = [&](auto&& edit) {
+    write_directory(documents_, 2);
+    edit_index(edit);
+    return open_error();
+  };
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["shards"][0]["file"] = "../shard_00000.tok"; }),
+            index + ": corrupted index: shard file name \"../shard_00000.tok\" must be a plain name");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["shards"][0]["file"] = std::string("shard\0x", 7); }),
+            index + ": corrupted index: shard file name \"shard\\u0000x\" must be a plain name");
+  // "-1" and 10 digits went through std::stoul and were truncated to 32 bits.
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["shards"][0]["crc32c"] = "1ffffffff"; }),
+            index + ": corrupted index: crc32c \"1ffffffff\" is not 8 hex digits");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["tokens"] = -10; }),
+            index + ": corrupted index: \"tokens\" is -10, expected a non-negative integer");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["tokenizer"]["vocab_size"] = 4294967296; }),
+            index + ": corrupted index: vocab_size 4294967296 does not fit 32 bits");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["version"] = 4294967297; }),  // wrapped to 1
+            index + ": wrong version: index version 4294967297, this build reads version 1");
+}
+
+TEST_F(TokensShardTest, ShardTruncatedWhileMappedEndsTheProcessNamingIt) {
+  write_directory(documents_, 4);
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  EXPECT_EXIT(
+      {
+        ShardDirectory dir = ShardDirectory::open(dir_);
+        fs::resize_file(shard_path(), 0);  // another process shortening the file in place
+        std::vector<uint32_t> tokens(10);
+        dir.shards()[0].copy_tokens(0, 10, tokens.data());
+      },
+      ::testing::ExitedWithCode(kTruncatedWhileMapped),
+      "shard_00000.tok: truncated while mapped: reading byte [0-9]+ of the 336 bytes it had when it was opened");
 }
 
 TEST_F(TokensShardTest, UnfinishedWriterLeavesNoFile) {

@@ -20,7 +20,7 @@ config::Config run_config(const std::vector<std::string>& overrides) {
 }
 
 TrainingState sample_state() {
-  return TrainingState::for_config(run_config({"seed=7"}), 20, 40960, {{"epoch", 1}, {"step", 3}});
+  return TrainingState::at_step(trajectory_config(run_config({"seed=7"})), 7, 20, 40960, {{"epoch", 1}, {"step", 3}});
 }
 
 TEST(TrainingStateTest, JsonRoundTrip) {
@@ -74,6 +74,31 @@ TEST(TrainingStateTest, MalformedStateIsNamed) {
   EXPECT_THROW(read_training_state(scratch.path() / "nowhere"), UserError);
 }
 
+TEST(TrainingStateTest, IntegerFieldsMustBeIntegersInRange) {
+  // get<int64_t>() truncated 1e300 (undefined behaviour) and wrapped 2^64 - 1 to -1.
+  meshtrain::testing::ScratchDir scratch("meshtrain_training_state_range_test");
+  auto error_with = [&](const char* field, const nlohmann::json& value) -> std::string {
+    nlohmann::json json = sample_state().to_json();
+    json[field] = value;
+    std::ofstream(scratch.path() / kTrainingStateFile) << json.dump();
+    try {
+      read_training_state(scratch.path());
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string file = (scratch.path() / kTrainingStateFile).string();
+  EXPECT_EQ(error_with("step", 1e300), file + ": the field 'step' is 1e+300, expected an integer in "
+                                              "[-9223372036854775808, 9223372036854775807]");
+  EXPECT_NE(error_with("tokens_seen", 18446744073709551615ull).find("the field 'tokens_seen' is 18446744073709551615"),
+            std::string::npos);
+  EXPECT_NE(error_with("seed", -1).find("the field 'seed' is -1, expected an integer in [0, 18446744073709551615]"),
+            std::string::npos);
+  EXPECT_NE(error_with("version", "1").find("the field 'version' is \"1\""), std::string::npos);
+  EXPECT_EQ(error_with("step", 5), "");
+}
+
 TEST(TrainingStateTest, FingerprintIgnoresPathsLoggingAndMeshButNotTheTrajectory) {
   const std::string base = config_fingerprint(trajectory_config(run_config({})));
   EXPECT_EQ(config_fingerprint(trajectory_config(run_config({"output_dir=elsewhere", "logging_steps=1",
@@ -84,9 +109,9 @@ TEST(TrainingStateTest, FingerprintIgnoresPathsLoggingAndMeshButNotTheTrajectory
 }
 
 TEST(TrainingStateTest, ConfigChangesNameEachChangedKey) {
-  const TrainingState state = TrainingState::for_config(run_config({}), 10, 0, nullptr);
-  EXPECT_TRUE(config_changes(state, run_config({"output_dir=elsewhere"})).empty());
-  const auto changes = config_changes(state, run_config({"optimizer.learning_rate=0.001", "seed=1"}));
+  const TrainingState state = TrainingState::at_step(trajectory_config(run_config({})), 42, 10, 0, nullptr);
+  EXPECT_TRUE(config_changes(state, trajectory_config(run_config({"output_dir=elsewhere"}))).empty());
+  const auto changes = config_changes(state, trajectory_config(run_config({"optimizer.learning_rate=0.001", "seed=1"})));
   ASSERT_EQ(changes.size(), 2u);
   EXPECT_EQ(changes[0], "optimizer.learning_rate: 3.0e-3 -> 0.001");
   EXPECT_EQ(changes[1], "seed: 42 -> 1");

@@ -6,6 +6,7 @@
 // over the real devices (sharding::check_global_tensors). --inject-failure D makes device D throw, to see how a job ends.
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/cli/job_options.hpp"
+#include "meshtrain/common/build_id.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/runtime/host_runtime.hpp"
@@ -88,9 +89,13 @@ int commcheck_command(int argc, char** argv) {
     return app.exit(e);
   }
   Job job = load_job(options);
-  log_and_save_config(job.config, job.identity.host);
   log_mesh(job.mesh);
-  runtime::HostRuntime runtime(job.identity, job.mesh, runtime::RuntimeOptions::from_config(job.config));
+  runtime::HostRuntime runtime(job.identity, job.mesh, job.runtime_options);
+  runtime::JobFacts facts;
+  facts.config = runtime::shared_config(job.config.leaf_values());
+  facts.build = build_id();
+  facts.resume = "none (commcheck)";
+  runtime.agree_on_job(facts);
 
   const std::vector<std::vector<Axis>> groups = {
       {Axis::data}, {Axis::fsdp}, {Axis::tensor}, {Axis::expert}, {Axis::data, Axis::fsdp},
@@ -113,6 +118,7 @@ int commcheck_command(int argc, char** argv) {
           log::info("commcheck global tensors: built from host-local data with no collective, gathered, "
                     "redistributed and replica-checked (a corrupted replica caught) correctly");
       }
+      ctx.report_progress(it + 1);  // for the runtime's hang detection (runtime.step_timeout_s)
       if (inject_failure && *inject_failure == ctx.device())
         throw Error(fmt::format("failure injected on device {} (--inject-failure)", ctx.device()));
     }

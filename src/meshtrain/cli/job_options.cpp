@@ -1,6 +1,7 @@
 // job_options.cpp — shared job flags, config + identity + mesh loading, and the mesh log lines.
 #include "meshtrain/cli/job_options.hpp"
 
+#include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
 
@@ -15,18 +16,41 @@ void add_job_options(CLI::App& app, JobOptions& options) {
   app.add_option("--node-rank", options.host_flags.node_rank, "this host's index in [0, nnodes)");
   app.add_option("--master-addr", options.host_flags.master_addr, "address of host 0 (the coordinator)");
   app.add_option("--master-port", options.host_flags.master_port, "coordinator port on host 0");
+  app.add_option("--iface", options.host_flags.iface,
+                 "network interface the collectives bind to; default $MESHTRAIN_IFACE, $GLOO_SOCKET_IFNAME, else the "
+                 "one that routes to the master address");
   app.add_option("--config-dir", options.config_dir, "folder with defaults.yaml and config groups");
   app.add_option("overrides", options.overrides, "config overrides: key=value, group=name (e.g. ici_mesh.fsdp=4)");
 }
 
 Job load_job(const JobOptions& options) {
-  std::filesystem::path dir =
-      options.config_dir.empty() ? config::default_config_dir() : std::filesystem::path(options.config_dir);
-  config::Config config = config::Config::load(dir, options.overrides);
-  log::set_level(log::parse_level(config.get_string("log_level")));
   runtime::HostIdentity identity = runtime::resolve_host_identity(options.host_flags);
-  mesh::Mesh mesh = mesh::mesh_from_config(config, identity.hosts, identity.devices_per_host);
-  return Job{std::move(config), std::move(identity), std::move(mesh)};
+  try {
+    std::filesystem::path dir =
+        options.config_dir.empty() ? config::default_config_dir() : std::filesystem::path(options.config_dir);
+    config::Config config = config::Config::load(dir, options.overrides);
+    log::set_level(log::parse_level(config.get_string("log_level")));
+    mesh::Mesh mesh = mesh::mesh_from_config(config, identity.hosts, identity.devices_per_host);
+    const runtime::RuntimeOptions runtime_options = runtime::RuntimeOptions::from_config(config);
+    log_and_save_config(config, identity.host);
+    return Job{std::move(config), identity, std::move(mesh), runtime_options};
+  } catch (const std::exception& e) {
+    if (identity.hosts > 1)
+      runtime::publish_startup_failure(
+          identity, e.what(),
+          dynamic_cast<const UserError*>(&e) ? runtime::kExitUsage : runtime::kExitThisHostFailed);
+    throw;
+  }
+}
+
+void run_job(runtime::HostRuntime& runtime, int host, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const UserError& e) {
+    runtime.abort_job(fmt::format("host {} failed: {}", host, e.what()), runtime::kExitUsage);
+  } catch (const std::exception& e) {
+    runtime.abort_job(fmt::format("host {} failed: {}", host, e.what()), runtime::kExitThisHostFailed);
+  }
 }
 
 void log_mesh(const mesh::Mesh& mesh) {

@@ -4,9 +4,11 @@
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/runtime/host_identity.hpp"
+#include "meshtrain/runtime/host_runtime.hpp"
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,17 +20,25 @@ struct JobOptions {
   std::string config_dir;              // empty: config::default_config_dir()
 };
 
-// Adds --devices-per-host, --nnodes, --node-rank, --master-addr, --master-port, --config-dir and the overrides.
+// Adds --devices-per-host, --nnodes, --node-rank, --master-addr, --master-port, --iface, --config-dir and the
+// overrides.
 void add_job_options(CLI::App& app, JobOptions& options);
 
 struct Job {
   config::Config config;
   runtime::HostIdentity identity;
   mesh::Mesh mesh;
+  runtime::RuntimeOptions runtime_options;
 };
 
-// Loads the config (applying log_level), resolves this host's identity and builds the mesh.
+// Resolves this host's identity, loads the config (applying log_level), builds the mesh, reads the runtime options,
+// and logs and saves the resolved config. A failure once the identity is known is published to the job's coordinator
+// first (runtime::publish_startup_failure), so the other hosts end with this host's reason instead of waiting for it.
 Job load_job(const JobOptions& options);
+
+// Runs the main-thread part of a job on `runtime`: a failure there (a missing dataset, a refused resume) ends the job
+// on every host with its reason, exit code 2 for a usage error and 1 otherwise, instead of leaving the others waiting.
+void run_job(runtime::HostRuntime& runtime, int host, const std::function<void()>& body);
 
 // The torchprime-style mesh lines ("Logical mesh shape: ...", "Logical mesh device assignments: ...") and a table of
 // every device's host, local index, slice and mesh coordinates.

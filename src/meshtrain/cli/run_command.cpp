@@ -23,6 +23,9 @@ int run_command(int argc, char** argv) {
   app.add_option("--node-rank", flags.node_rank, "this node's host index");
   app.add_option("--master-addr", flags.master_addr, "address of host 0");
   app.add_option("--master-port", flags.master_port, "coordinator port on host 0 (default: a free port locally)");
+  app.add_option("--iface", flags.iface,
+                 "network interface the hosts' collectives bind to (default: $GLOO_SOCKET_IFNAME, else the one "
+                 "that routes to --master-addr)");
   app.add_option("--kill-grace", kill_grace_s, "seconds the other hosts get to end after the first failure")->capture_default_str();
   app.add_option("verb", verb_args, "the verb and its arguments, after --")->required();
   try {
@@ -39,6 +42,7 @@ int run_command(int argc, char** argv) {
     launch.hosts = *hosts;
     launch.devices_per_host = flags.devices_per_host.value_or(1);
     launch.master_port = flags.master_port.value_or(0);
+    launch.iface = flags.iface.value_or("");
     launch.kill_grace_s = kill_grace_s;
     launch.executable = executable;
     launch.verb_args = verb_args;

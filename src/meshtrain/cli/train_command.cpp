@@ -17,10 +17,9 @@ int train_command(int argc, char** argv) {
     return app.exit(e);
   }
   Job job = load_job(options);
-  log_and_save_config(job.config, job.identity.host);
   log_mesh(job.mesh);
-  runtime::HostRuntime runtime(job.identity, job.mesh, runtime::RuntimeOptions::from_config(job.config));
-  train::train_host(job.config, job.mesh, job.identity.host, runtime);
+  runtime::HostRuntime runtime(job.identity, job.mesh, job.runtime_options);
+  run_job(runtime, job.identity.host, [&] { train::train_host(job.config, job.mesh, job.identity.host, runtime); });
   return 0;
 }
 

@@ -142,7 +142,11 @@ std::vector<std::string> closest_keys(const std::string& key, const std::vector<
 
 Config Config::from_yaml(const std::string& text) {
   Config config;
-  config.root_ = YAML::Load(text);
+  try {
+    config.root_ = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw UserError(fmt::format("the config text is not valid YAML: {}", e.what()));
+  }
   return config;
 }
 
@@ -270,6 +274,12 @@ void Config::set_from_text(const std::string& key, const std::string& value_text
 std::vector<std::string> Config::leaf_keys() const {
   std::vector<std::string> out;
   collect_leaves(root_, "", out);
+  return out;
+}
+
+std::map<std::string, std::string> Config::leaf_values() const {
+  std::map<std::string, std::string> out;
+  for (const std::string& key : leaf_keys()) out[key] = YAML::Dump(find(root_, key));
   return out;
 }
 

@@ -6,11 +6,16 @@
 // Overrides on the command line: `key.sub=value` sets a known key (the value must have the key's type);
 // `<group>=<name>` selects a group option (`model=llama-3-8b`). An unknown key is an error naming the key and the
 // closest known keys; a value of the wrong type names the key, the value and the expected type.
+//
+// A Config is a yaml-cpp tree, and yaml-cpp nodes are not safe to read from several threads at once, even through
+// const (jbeder/yaml-cpp #419, #1350). Read it on the main thread only: each part resolves what it needs into plain
+// structs (RuntimeOptions, TrainSettings, ...) before any device thread starts.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,6 +44,8 @@ class Config {
 
   // Every leaf key in dotted form, in file order.
   std::vector<std::string> leaf_keys() const;
+  // Every leaf key with its value as YAML text ("0.003", "[1, 2]", "~"), sorted by key.
+  std::map<std::string, std::string> leaf_values() const;
   std::string to_yaml() const;
   // Writes to_yaml() to `path` (through a temporary file and a rename).
   void save(const std::filesystem::path& path) const;

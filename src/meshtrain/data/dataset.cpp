@@ -5,6 +5,7 @@
 #include "meshtrain/tokenizer/tokenizer.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace fs = std::filesystem;
 
@@ -24,6 +25,12 @@ fs::path TokenDataset::resolve(const std::string& path_or_name) {
 TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, bool verify_checksums)
     : shards_(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", verify_checksums})), block_size_(block_size) {
   MT_USER_CHECK(block_size > 0, "block_size must be positive, got {}", block_size);
+  // The shard directory has checked every token id against its tokenizer's vocabulary (and the trainer checks that
+  // vocabulary against the model's); the ids are handed on as int32, so the vocabulary must fit that.
+  MT_USER_CHECK(index().tokenizer.vocab_size <= uint64_t(INT32_MAX) + 1,
+                "{}: token id check failed: vocab_size {} of tokenizer {} has ids beyond int32, the type samples are "
+                "read as", (dir / tokens::kIndexFileName).string(), index().tokenizer.vocab_size,
+                index().tokenizer.name);
   uint64_t start = 0;
   for (const tokens::TokenShard& shard : shards_.shards()) {
     shard_starts_.push_back(start);
@@ -44,7 +51,7 @@ void TokenDataset::read_sample(int64_t id, int32_t* out) const {
   while (count > 0) {
     const tokens::TokenShard& shard = shards_.shards()[s];
     const uint64_t offset = begin - shard_starts_[s], piece = std::min(count, shard.token_count() - offset);
-    // int32 and uint32 may alias; token ids are far below 2^31.
+    // int32 and uint32 may alias; token ids are below the vocabulary size, at most 2^31 (checked on construction).
     shard.copy_tokens(offset, piece, reinterpret_cast<uint32_t*>(out));
     out += piece;
     begin += piece;

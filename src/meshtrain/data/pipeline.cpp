@@ -4,6 +4,8 @@
 // Legend: R = host-local rows, T = block_size, T1 = block_size + 1.
 #include "meshtrain/data/pipeline.hpp"
 
+#include "meshtrain/common/checksum.hpp"
+
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/sharding/visualize.hpp"
@@ -95,6 +97,11 @@ int64_t DataPipeline::vocab_size() const { return dataset_->index().tokenizer.vo
 std::string DataPipeline::tokenizer_fingerprint() const { return dataset_->index().tokenizer.fingerprint; }
 int64_t DataPipeline::num_samples() const { return dataset_->num_samples(); }
 int64_t DataPipeline::batches_per_epoch() const { return sampler_.batches_per_epoch(); }
+
+std::string DataPipeline::fingerprint() const {
+  const std::string text = identity().dump();
+  return fmt::format("{:08x}", crc32c(text.data(), text.size()));
+}
 
 nlohmann::json DataPipeline::identity() const {
   const tokens::ShardIndex& index = dataset_->index();

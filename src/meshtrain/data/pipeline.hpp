@@ -60,6 +60,8 @@ class DataPipeline {
   // dataset and the batch order (tokenizer fingerprint, token count, shard files with counts and CRC-32C,
   // block_size, global_batch_size, seed).
   nlohmann::json state(const DataCursor& next) const;
+  // CRC-32C of what identifies the batches (state() without the cursor), 8 hex digits: equal on every host of a job.
+  std::string fingerprint() const;
   // The cursor to resume at from a saved state; UserError naming each field that differs from this dataset/config
   // (or is missing). The mesh and host count may differ (elastic).
   DataCursor check_state(const nlohmann::json& saved) const;

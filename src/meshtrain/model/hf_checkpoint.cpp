@@ -4,6 +4,7 @@
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/file_names.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/safetensors.hpp"
 
@@ -48,17 +49,34 @@ nlohmann::json parse_json_file(const fs::path& path, const std::string& text) {
   }
 }
 
+// A file name from an untrusted marker or index: a plain name inside the checkpoint directory ("../x", "/x", "a/b"
+// and names with a NUL byte are refused, naming `source` and the field).
+std::string plain_file_name(const nlohmann::json& value, const fs::path& source, const char* field) {
+  MT_USER_CHECK(value.is_string(), "{}: {} {} is not a file name", source.string(), field, value.dump());
+  const std::string name = value.get<std::string>();
+  MT_USER_CHECK(is_plain_file_name(name),
+                "{}: file name check failed: {} {} must be a plain file name in the checkpoint directory",
+                source.string(), field, value.dump());
+  return name;
+}
+
 // The files listed in the completion marker, by name; empty if there is no marker.
 std::map<std::string, CheckpointFile> read_marker(const fs::path& dir) {
   std::map<std::string, CheckpointFile> files;
   const fs::path path = dir / kCompletionMarker;
   if (!fs::exists(path)) return files;
   nlohmann::json marker = parse_json_file(path, read_text_file(path));
-  MT_USER_CHECK(marker.contains("files") && marker["files"].is_array(), "{}: no 'files' list", path.string());
+  MT_USER_CHECK(marker.is_object() && marker.contains("files") && marker["files"].is_array(), "{}: no 'files' list",
+                path.string());
   for (const auto& f : marker["files"]) {
-    MT_USER_CHECK(f.is_object() && f.contains("name") && f.contains("bytes") && f.contains("crc32c"),
-                  "{}: a file entry lacks name, bytes or crc32c: {}", path.string(), f.dump());
-    CheckpointFile file{f["name"].get<std::string>(), f["bytes"].get<uint64_t>(), f["crc32c"].get<uint32_t>()};
+    auto is_unsigned = [&](const char* key, uint64_t max) {
+      return f.contains(key) && f.at(key).is_number_unsigned() && f.at(key).get<uint64_t>() <= max;
+    };
+    MT_USER_CHECK(f.is_object() && f.contains("name") && is_unsigned("bytes", UINT64_MAX) &&
+                      is_unsigned("crc32c", UINT32_MAX),
+                  "{}: a file entry lacks a name, a byte count or a 32-bit crc32c: {}", path.string(), f.dump());
+    CheckpointFile file{plain_file_name(f.at("name"), path, "name"), f.at("bytes").get<uint64_t>(),
+                        f.at("crc32c").get<uint32_t>()};
     files[file.name] = file;
   }
   return files;
@@ -213,8 +231,8 @@ void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
     MT_USER_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no weight_map object",
                   (dir / kIndexFile).string());
     for (const auto& [name, file] : index["weight_map"].items()) {
-      file_of[name] = file.get<std::string>();
-      weight_files.insert(file.get<std::string>());
+      file_of[name] = plain_file_name(file, dir / kIndexFile, "weight_map file");
+      weight_files.insert(file_of[name]);
     }
   } else {
     MT_USER_CHECK(fs::exists(dir / kSingleWeightsFile), "{}: no weights: neither {} nor {}", dir.string(),

@@ -24,10 +24,18 @@ const std::vector<std::pair<std::string, torch::Dtype>>& dtype_names() {
   return names;
 }
 
-uint64_t nbytes_of(torch::Dtype dtype, const std::vector<int64_t>& shape) {
-  uint64_t n = c10::elementSize(dtype);
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
+// The bytes a tensor of `dtype` and `shape` (sizes >= 0) needs; UserError naming `context` when that, or the
+// element count with zero sizes left out (torch computes strides from it), does not fit in 63 bits.
+uint64_t nbytes_of(torch::Dtype dtype, const std::vector<int64_t>& shape, const std::string& context) {
+  int64_t nonzero_bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  bool empty = false;
+  for (int64_t d : shape) {
+    empty = empty || d == 0;
+    MT_USER_CHECK(!__builtin_mul_overflow(nonzero_bytes, std::max<int64_t>(d, 1), &nonzero_bytes),
+                  "{}: shape check failed: the sizes {} overflow a 64-bit byte count", context,
+                  c10::str(c10::IntArrayRef(shape)));
+  }
+  return empty ? 0 : static_cast<uint64_t>(nonzero_bytes);
 }
 
 }  // namespace
@@ -130,9 +138,10 @@ SafetensorsFile SafetensorsFile::read(const std::filesystem::path& path) {
                   "{}: data_offsets {} is not [begin, end]", context, offsets.dump());
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();
-    MT_USER_CHECK(e.begin <= e.end && e.end - e.begin == nbytes_of(e.dtype, e.shape),
+    const uint64_t nbytes = nbytes_of(e.dtype, e.shape, context);
+    MT_USER_CHECK(e.begin <= e.end && e.end - e.begin == nbytes,
                   "{}: data_offsets [{}, {}] span {} bytes but dtype {} and shape {} need {}", context, e.begin, e.end,
-                  e.end - e.begin, value["dtype"].get<std::string>(), shape.dump(), nbytes_of(e.dtype, e.shape));
+                  e.end - e.begin, value["dtype"].get<std::string>(), shape.dump(), nbytes);
     MT_USER_CHECK(e.end <= data_size, "{}: data ends at byte {} but the file holds {} data bytes (truncated?)",
                   context, e.end, data_size);
     file.entries_.push_back(std::move(e));
@@ -162,7 +171,8 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
-  std::memcpy(t.data_ptr(), bytes_.data() + data_start_ + e.begin, e.end - e.begin);
+  // An empty tensor has no storage (data_ptr() is null), and memcpy with a null pointer is undefined even for 0 bytes.
+  if (e.end > e.begin) std::memcpy(t.data_ptr(), bytes_.data() + data_start_ + e.begin, e.end - e.begin);
   return t;
 }
 

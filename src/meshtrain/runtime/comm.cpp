@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <type_traits>
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #else
@@ -26,10 +27,46 @@ const char* collective_name(Collective kind) {
   return "?";
 }
 
+int64_t CollectiveCounters::begin(const std::string& group, Collective kind, int64_t sequence, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(recent_mutex_);
+  const int64_t ticket = next_ticket_++;
+  recent_.emplace_back(ticket, CollectiveEntry{group, kind, sequence, bytes, std::chrono::steady_clock::now(), false});
+  if (recent_.size() > kRecentCollectives) recent_.pop_front();
+  return ticket;
+}
+
+void CollectiveCounters::finish(int64_t ticket, Collective kind, int64_t bytes, double seconds) {
+  {
+    std::lock_guard<std::mutex> lock(recent_mutex_);
+    for (auto& [t, entry] : recent_)
+      if (t == ticket) entry.completed = true;
+  }
+  record(kind, bytes, seconds);
+}
+
 void CollectiveCounters::record(Collective kind, int64_t bytes, double seconds) {
   calls_[static_cast<int>(kind)].fetch_add(1);
   bytes_[static_cast<int>(kind)].fetch_add(bytes);
   nanoseconds_.fetch_add(static_cast<int64_t>(seconds * 1e9));
+}
+
+std::vector<CollectiveEntry> CollectiveCounters::recent() const {
+  std::lock_guard<std::mutex> lock(recent_mutex_);
+  std::vector<CollectiveEntry> out;
+  for (const auto& [ticket, entry] : recent_) out.push_back(entry);
+  return out;
+}
+
+std::vector<std::string> CollectiveCounters::recent_lines() const {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> lines;
+  for (const CollectiveEntry& e : recent()) {
+    const double age = std::chrono::duration<double>(now - e.started).count();
+    lines.push_back(fmt::format("{} #{} {} {} B: {}", e.group, e.sequence, collective_name(e.kind), e.bytes,
+                                e.completed ? fmt::format("completed (entered {:.1f} s ago)", age)
+                                            : fmt::format("NOT completed, waiting for {:.1f} s", age)));
+  }
+  return lines;
 }
 
 int64_t CollectiveCounters::total_calls() const {
@@ -141,22 +178,6 @@ class ProcessGroupBackend final : public CommBackend {
 
 int64_t payload_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-// Records one collective in the counters when it goes out of scope, with the time it took.
-class CollectiveRecord {
- public:
-  CollectiveRecord(CollectiveCounters& counters, Collective kind, int64_t bytes)
-      : counters_(counters), kind_(kind), bytes_(bytes), start_(std::chrono::steady_clock::now()) {}
-  ~CollectiveRecord() {
-    counters_.record(kind_, bytes_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
-  }
-
- private:
-  CollectiveCounters& counters_;
-  Collective kind_;
-  int64_t bytes_;
-  std::chrono::steady_clock::time_point start_;
-};
-
 }  // namespace
 
 Comm::Comm(std::string label, std::shared_ptr<CollectiveCounters> counters)
@@ -172,25 +193,54 @@ Comm::Comm(std::string label, c10::intrusive_ptr<C10dGroup> group, std::shared_p
 int Comm::rank() const { return backend_->rank(); }
 int Comm::size() const { return backend_->size(); }
 
+template <typename Call>
+auto Comm::run(Collective kind, int64_t bytes, Call&& call) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t ticket = counters_->begin(label_, kind, ++sequence_, bytes);
+  auto finish = [&] {
+    counters_->finish(ticket, kind, bytes,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  };
+  try {
+    if constexpr (std::is_void_v<decltype(call())>) {
+      call();
+      finish();
+    } else {
+      auto result = call();
+      finish();
+      return result;
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CollectiveError(fmt::format("{} #{} over {} failed in the transport: {}", collective_name(kind), sequence_,
+                                      label_, e.what()));
+  }
+}
+
 void Comm::allreduce_sum(at::Tensor& tensor) {
   MT_CHECK(tensor.is_contiguous(), "allreduce over {} needs a contiguous tensor", label_);
-  CollectiveRecord record(*counters_, Collective::allreduce, payload_bytes(tensor));
-  backend_->allreduce_sum(tensor);
+  run(Collective::allreduce, payload_bytes(tensor), [&] { backend_->allreduce_sum(tensor); });
 }
 
 at::Tensor Comm::allgather(const at::Tensor& local) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
-  CollectiveRecord record(*counters_, Collective::allgather, payload_bytes(local));
-  return backend_->allgather(local);
+  return run(Collective::allgather, payload_bytes(local), [&] { return backend_->allgather(local); });
 }
 
 PendingGather Comm::allgather_async(const at::Tensor& local) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
   const auto start = std::chrono::steady_clock::now();
   PendingGather pending;
-  pending.finish_ = backend_->start_allgather(local);
-  pending.counters_ = counters_;
   pending.bytes_ = payload_bytes(local);
+  pending.ticket_ = counters_->begin(label_, Collective::allgather, ++sequence_, pending.bytes_);
+  pending.label_ = fmt::format("allgather #{} over {}", sequence_, label_);
+  try {
+    pending.finish_ = backend_->start_allgather(local);
+  } catch (const std::exception& e) {
+    throw CollectiveError(fmt::format("{} failed in the transport: {}", pending.label_, e.what()));
+  }
+  pending.counters_ = counters_;
   pending.issue_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return pending;
 }
@@ -198,9 +248,14 @@ PendingGather Comm::allgather_async(const at::Tensor& local) {
 at::Tensor PendingGather::wait() {
   MT_CHECK(finish_, "PendingGather::wait called twice (or on a gather that was never started)");
   const auto start = std::chrono::steady_clock::now();
-  at::Tensor result = finish_();
+  at::Tensor result;
+  try {
+    result = finish_();
+  } catch (const std::exception& e) {
+    throw CollectiveError(fmt::format("{} failed in the transport: {}", label_, e.what()));
+  }
   finish_ = nullptr;
-  counters_->record(Collective::allgather, bytes_,
+  counters_->finish(ticket_, Collective::allgather, bytes_,
                     issue_seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return result;
 }
@@ -208,8 +263,7 @@ at::Tensor PendingGather::wait() {
 void Comm::broadcast(at::Tensor& tensor, int root) {
   MT_CHECK(root >= 0 && root < size(), "broadcast over {}: root {} is outside [0, {})", label_, root, size());
   MT_CHECK(tensor.is_contiguous(), "broadcast over {} needs a contiguous tensor", label_);
-  CollectiveRecord record(*counters_, Collective::broadcast, payload_bytes(tensor));
-  backend_->broadcast(tensor, root);
+  run(Collective::broadcast, payload_bytes(tensor), [&] { backend_->broadcast(tensor, root); });
 }
 
 at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input) {
@@ -217,10 +271,9 @@ at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input) {
   MT_CHECK(input.dim() >= 1 && input.size(0) % n == 0,
            "reduce_scatter over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, n);
-  CollectiveRecord record(*counters_, Collective::reduce_scatter, payload_bytes(input));
   // Built from all_to_all (Gloo in 1.13 has no reduce_scatter): chunk r of every rank arrives at rank r, and the
   // chunks are summed here in rank order, so the result is the same whatever the network did.
-  at::Tensor received = backend_->all_to_all(input);
+  at::Tensor received = run(Collective::reduce_scatter, payload_bytes(input), [&] { return backend_->all_to_all(input); });
   std::vector<at::Tensor> chunks = received.chunk(n, 0);
   at::Tensor sum = chunks[0].clone();
   for (int r = 1; r < n; ++r) sum.add_(chunks[r]);
@@ -231,13 +284,11 @@ at::Tensor Comm::all_to_all(const at::Tensor& input) {
   MT_CHECK(input.dim() >= 1 && input.size(0) % size() == 0,
            "all_to_all over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, size());
-  CollectiveRecord record(*counters_, Collective::all_to_all, payload_bytes(input));
-  return backend_->all_to_all(input);
+  return run(Collective::all_to_all, payload_bytes(input), [&] { return backend_->all_to_all(input); });
 }
 
 void Comm::barrier() {
-  CollectiveRecord record(*counters_, Collective::barrier, 0);
-  backend_->barrier();
+  run(Collective::barrier, 0, [&] { backend_->barrier(); });
 }
 
 }  // namespace meshtrain::runtime

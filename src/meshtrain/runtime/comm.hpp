@@ -6,14 +6,20 @@
 // happens. All collectives are blocking and operate on CPU tensors along dim 0 where a layout matters.
 #pragma once
 
+#include "meshtrain/common/error.hpp"
+
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class ProcessGroup;
@@ -36,9 +42,28 @@ const char* collective_name(Collective kind);
 
 // Calls, payload bytes (the local tensor's bytes as passed in) and wall time spent inside the call, per collective
 // kind, for one device. The time is what the issuing thread waited: the communication cost a step pays.
+//
+// It is also the device's flight recorder (like NCCL's, on every backend): the last kRecentCollectives collectives it
+// entered, each with its group, kind, the group's sequence number, bytes, when it started and whether it completed.
+// On a hang or a failure the runtime prints them for every local device, so the device that never arrived at a
+// collective (its peers' entry is not completed, its own sequence number is behind) is visible.
+struct CollectiveEntry {
+  std::string group;    // the mesh axes it spans, e.g. "(data,fsdp)" or "world"
+  Collective kind = Collective::barrier;
+  int64_t sequence = 0;  // 1 for the group's first collective on this device, and so on
+  int64_t bytes = 0;
+  std::chrono::steady_clock::time_point started;
+  bool completed = false;
+};
+
 class CollectiveCounters {
  public:
-  void record(Collective kind, int64_t bytes, double seconds = 0);
+  static constexpr size_t kRecentCollectives = 8;
+
+  // Enters a collective in the flight recorder; returns its ticket for finish().
+  int64_t begin(const std::string& group, Collective kind, int64_t sequence, int64_t bytes);
+  // Marks the collective of `ticket` completed (if still in the recorder) and counts it with the `seconds` spent in it.
+  void finish(int64_t ticket, Collective kind, int64_t bytes, double seconds);
   int64_t calls(Collective kind) const { return calls_[static_cast<int>(kind)].load(); }
   int64_t bytes(Collective kind) const { return bytes_[static_cast<int>(kind)].load(); }
   int64_t total_calls() const;
@@ -46,14 +71,32 @@ class CollectiveCounters {
   double total_seconds() const { return static_cast<double>(nanoseconds_.load()) * 1e-9; }
   // "allreduce 3 calls 1.2 KB, allgather 1 call 256 B" (kinds with no calls left out; "none" if empty).
   std::string summary() const;
+  // The recorder's entries, oldest first (a copy: safe from any thread).
+  std::vector<CollectiveEntry> recent() const;
+  // One line per entry: "(data,fsdp) #42 allgather 1.2 MB: completed in 0.01 s" / "...: NOT completed, waiting 31.0 s".
+  std::vector<std::string> recent_lines() const;
 
  private:
+  void record(Collective kind, int64_t bytes, double seconds);
+
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
   std::array<std::atomic<int64_t>, kNumCollectives> bytes_{};
   std::atomic<int64_t> nanoseconds_{0};
+  // The recorder is written by the device thread and read by the host's watchdog thread (on a hang): a mutex, held
+  // only to copy a few small entries.
+  mutable std::mutex recent_mutex_;
+  std::deque<std::pair<int64_t, CollectiveEntry>> recent_;  // (ticket, entry)
+  int64_t next_ticket_ = 0;
 };
 
 class CommBackend;
+
+// A collective that failed inside the transport (a peer closed its connection, a timeout): usually the consequence
+// of a failure elsewhere, so the runtime looks for the job's first published reason before reporting this one.
+class CollectiveError : public Error {
+ public:
+  explicit CollectiveError(const std::string& message) : Error(message) {}
+};
 
 // An all-gather in flight (Comm::allgather_async): the communication proceeds on the backend's threads while the
 // caller computes; wait() returns what allgather() would have, and counts the call with the time it spent issuing
@@ -66,7 +109,8 @@ class PendingGather {
   friend class Comm;
   std::function<at::Tensor()> finish_;
   std::shared_ptr<CollectiveCounters> counters_;
-  int64_t bytes_ = 0;
+  std::string label_;
+  int64_t ticket_ = 0, bytes_ = 0;
   double issue_seconds_ = 0;
 };
 
@@ -99,9 +143,15 @@ class Comm {
   const CollectiveCounters& counters() const { return *counters_; }
 
  private:
+  // Runs `call` as one collective of `kind`: entered in the flight recorder with the group's next sequence number,
+  // counted with its time, and a transport failure rethrown as a CollectiveError naming the group and collective.
+  template <typename Call>
+  auto run(Collective kind, int64_t bytes, Call&& call);
+
   std::string label_;
   std::shared_ptr<CommBackend> backend_;
   std::shared_ptr<CollectiveCounters> counters_;
+  int64_t sequence_ = 0;  // collectives issued over this group by this device (only its thread uses a Comm)
 };
 
 }  // namespace meshtrain::runtime

@@ -3,7 +3,28 @@
 
 #include "meshtrain/common/error.hpp"
 
+#include <chrono>
+
 namespace meshtrain::runtime {
+namespace {
+
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+DeviceProgress::DeviceProgress() : reported_at_ns_(steady_now_ns()) {}
+
+void DeviceProgress::report(int64_t step) {
+  step_.store(step);
+  reported_at_ns_.store(steady_now_ns());
+}
+
+double DeviceProgress::seconds_since_progress() const {
+  return static_cast<double>(steady_now_ns() - reported_at_ns_.load()) * 1e-9;
+}
 
 DeviceContext::DeviceContext(const mesh::Mesh& mesh, int device, GroupFactory factory,
                              std::shared_ptr<CollectiveCounters> counters)

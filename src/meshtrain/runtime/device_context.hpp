@@ -8,12 +8,28 @@
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/runtime/comm.hpp"
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <vector>
 
 namespace meshtrain::runtime {
+
+// How far one device has got, for the runtime's hang detection (runtime.step_timeout_s): written by the device's
+// thread, read by the host's watchdog thread, hence atomics.
+class DeviceProgress {
+ public:
+  DeviceProgress();
+  // The device finished `step` (or another unit of work: start-up, a checkpoint save) just now.
+  void report(int64_t step);
+  int64_t step() const { return step_.load(); }
+  double seconds_since_progress() const;
+
+ private:
+  std::atomic<int64_t> step_{0};
+  std::atomic<int64_t> reported_at_ns_;  // steady_clock, nanoseconds since its epoch
+};
 
 class DeviceContext {
  public:
@@ -34,14 +50,18 @@ class DeviceContext {
   Comm& over(const std::vector<mesh::Axis>& axes);
   Comm& over(mesh::Axis axis) { return over(std::vector<mesh::Axis>{axis}); }
 
-  // Every collective this device issued, over any group.
+  // Every collective this device issued, over any group, and the last ones it entered (the flight recorder).
   const CollectiveCounters& counters() const { return *counters_; }
+  // Tells the runtime this device is making progress (the trainer calls it after every step and save).
+  void report_progress(int64_t step) { progress_->report(step); }
+  std::shared_ptr<const DeviceProgress> progress() const { return progress_; }
 
  private:
   const mesh::Mesh& mesh_;
   int device_;
   GroupFactory factory_;
   std::shared_ptr<CollectiveCounters> counters_;
+  std::shared_ptr<DeviceProgress> progress_ = std::make_shared<DeviceProgress>();
   std::map<std::vector<mesh::Axis>, Comm> groups_;
 };
 

@@ -89,6 +89,9 @@ HostIdentity resolve_host_identity(const HostFlags& flags, const EnvLookup& env)
   if (auto v = env("MESHTRAIN_DEVICES_PER_HOST")) id.devices_per_host = parse_int("MESHTRAIN_DEVICES_PER_HOST", *v);
   if (flags.devices_per_host) id.devices_per_host = *flags.devices_per_host;
 
+  if (auto v = env("MESHTRAIN_IFACE")) id.iface = *v;
+  if (flags.iface) id.iface = *flags.iface;
+
   MT_USER_CHECK(id.hosts >= 1, "the host count must be at least 1, got {} (from {})", id.hosts, id.source);
   MT_USER_CHECK(id.host >= 0 && id.host < id.hosts, "host index {} is outside [0, {}) (from {})", id.host, id.hosts,
                 id.source);

@@ -1,10 +1,11 @@
 // host_identity.hpp — who this host process is in the job: host index, host count, devices, coordinator address.
 //
 // Resolved from, in order of precedence: command-line flags (--nnodes/--node-rank/--master-addr/--master-port,
-// --devices-per-host), meshtrain's own environment (MESHTRAIN_HOST, MESHTRAIN_HOSTS, MESHTRAIN_MASTER_ADDR,
-// MESHTRAIN_MASTER_PORT, MESHTRAIN_DEVICES_PER_HOST; set by `meshtrain run`), torchrun's (GROUP_RANK or RANK,
-// WORLD_SIZE or NNODES, MASTER_ADDR, MASTER_PORT), Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_STEP_NODELIST or
-// SLURM_JOB_NODELIST for the first node), and OpenMPI's (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE).
+// --devices-per-host, --iface), meshtrain's own environment (MESHTRAIN_HOST, MESHTRAIN_HOSTS,
+// MESHTRAIN_MASTER_ADDR, MESHTRAIN_MASTER_PORT, MESHTRAIN_DEVICES_PER_HOST, MESHTRAIN_IFACE; set by
+// `meshtrain run`), torchrun's (GROUP_RANK or RANK, WORLD_SIZE or NNODES, MASTER_ADDR, MASTER_PORT), Slurm's
+// (SLURM_PROCID, SLURM_NTASKS, SLURM_STEP_NODELIST or SLURM_JOB_NODELIST for the first node), and OpenMPI's
+// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE).
 // With none of these, the job is one host at 127.0.0.1.
 #pragma once
 
@@ -21,11 +22,12 @@ struct HostIdentity {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "default";  // which flags/environment supplied host and hosts, for the log
+  std::string iface;  // --iface or MESHTRAIN_IFACE: the interface Gloo binds to; empty: chosen as network.hpp says
 };
 
 struct HostFlags {
   std::optional<int> nnodes, node_rank, devices_per_host, master_port;
-  std::optional<std::string> master_addr;
+  std::optional<std::string> master_addr, iface;
 };
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;

@@ -1,63 +1,54 @@
-// host_runtime.cpp — TCPStore rendezvous, device threads with Gloo groups, heartbeat watchdog, job-wide abort.
+// host_runtime.cpp — rendezvous, the start-up agreement, device threads with Gloo groups, job-wide abort.
 #include "meshtrain/runtime/host_runtime.hpp"
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/config/config.hpp"
+#include "meshtrain/runtime/network.hpp"
+#include "meshtrain/runtime/watchdog.hpp"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include <unistd.h>
+
+namespace fs = std::filesystem;
 
 namespace meshtrain::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const std::string kAbortKey = "meshtrain/abort";
-std::string heartbeat_key(int host) { return fmt::format("meshtrain/heartbeat/{}", host); }
-std::string finished_key(int host) { return fmt::format("meshtrain/finished/{}", host); }
-std::string joined_key(int host) { return fmt::format("meshtrain/joined/{}", host); }
+const std::string kJobIdKey = "meshtrain/job_id";
 
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
-std::string to_string(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> to_bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-
-c10::intrusive_ptr<c10d::TCPStore> connect_store(const HostIdentity& id, bool serve, double timeout_s) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(id.master_port);
-  options.isServer = serve;
-  options.waitWorkers = false;
-  options.timeout = to_ms(timeout_s);
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(id.master_addr, options);
-  } catch (const std::exception& e) {
-    throw UserError(fmt::format("host {}: cannot {} the job's coordinator at {}:{}: {}", id.host,
-                                serve ? "serve" : "reach", id.master_addr, id.master_port, e.what()));
-  }
-}
-
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
-
+// Binds to what network.hpp chooses (an interface named by --iface or GLOO_SOCKET_IFNAME, else the local address
+// that routes to the master), and logs it once per host.
 std::shared_ptr<::gloo::transport::Device> make_gloo_device(const HostIdentity& id) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  if (is_loopback(id.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
+  const GlooBinding binding = choose_gloo_binding(id.master_addr, id.master_port, id.iface);
+  static std::once_flag logged;
+  std::call_once(logged, [&] {
+    log::info("Host {} advertises {} on {} to its peers ({})", id.host, binding.address, binding.interface,
+              describe(binding.choice));
+  });
+  if (binding.by_interface()) return c10d::ProcessGroupGloo::createDeviceForInterface(binding.interface);
+  return c10d::ProcessGroupGloo::createDeviceForHostname(binding.address);
+}
+
+// How long host 0 keeps serving the store after publishing a failure, for the others to read it (they poll once per
+// heartbeat interval); it stops earlier once they all have.
+double linger_seconds(const RuntimeOptions& options) { return 2 * options.heartbeat_interval_s + 1; }
+
+// A file in `dir` that names this host of this job, for the shared-storage check.
+fs::path host_marker(const fs::path& dir, const std::string& job_id, int host) {
+  return dir / ".meshtrain-hosts" / fmt::format("{}-host-{}", job_id, host);
 }
 
 }  // namespace
@@ -84,6 +75,7 @@ RuntimeOptions RuntimeOptions::from_config(const config::Config& config) {
   o.heartbeat_interval_s = config.get_float("runtime.heartbeat_interval_s");
   o.rendezvous_timeout_s = config.get_float("runtime.rendezvous_timeout_s");
   o.collective_timeout_s = config.get_float("runtime.collective_timeout_s");
+  o.step_timeout_s = config.get_float("runtime.step_timeout_s");
   MT_USER_CHECK(o.threads_per_device >= 0, "runtime.threads_per_device must be >= 0 (0 = auto), got {}",
                 o.threads_per_device);
   MT_USER_CHECK(o.heartbeat_interval_s > 0, "runtime.heartbeat_interval_s must be > 0, got {}", o.heartbeat_interval_s);
@@ -92,114 +84,28 @@ RuntimeOptions RuntimeOptions::from_config(const config::Config& config) {
                 o.failure_timeout_s, o.heartbeat_interval_s);
   MT_USER_CHECK(o.rendezvous_timeout_s > 0, "runtime.rendezvous_timeout_s must be > 0, got {}", o.rendezvous_timeout_s);
   MT_USER_CHECK(o.collective_timeout_s > 0, "runtime.collective_timeout_s must be > 0, got {}", o.collective_timeout_s);
+  MT_USER_CHECK(o.step_timeout_s >= 0, "runtime.step_timeout_s must be >= 0 (0 = no hang detection), got {}",
+                o.step_timeout_s);
   return o;
 }
 
-// Beats this host's heartbeat, watches the others' and the abort record; ends the process on failure.
-class HostRuntime::Watchdog {
- public:
-  Watchdog(HostRuntime& runtime) : runtime_(runtime) {
-    const HostIdentity& id = runtime.identity_;
-    store_ = connect_store(id, false, runtime.options_.rendezvous_timeout_s);
-    last_beat_.assign(id.hosts, -1);
-    last_change_.assign(id.hosts, Clock::now());
-    finished_.assign(id.hosts, false);
-    thread_ = std::thread([this] { loop(); });
+void publish_startup_failure(const HostIdentity& identity, const std::string& reason, int exit_code) {
+  const RuntimeOptions defaults;
+  try {
+    c10::intrusive_ptr<c10d::Store> server;
+    if (identity.host == 0) server = connect_store(identity, true, defaults.rendezvous_timeout_s);
+    auto store = connect_store(identity, false, 10);
+    publish_abort(*store, AbortRecord{exit_code, fmt::format("host {} failed at start-up: {}", identity.host, reason)});
+    if (identity.host != 0) return;
+    // Serve until every other host has read it (they poll while they wait for the rendezvous), for a bounded time.
+    const auto deadline = Clock::now() + to_ms(defaults.failure_timeout_s);
+    for (int h = 1; h < identity.hosts; ++h)
+      while (Clock::now() < deadline && !store->check({store_keys::abort_seen(h)}))
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } catch (const std::exception& e) {
+    log::warning("host {}: could not tell the other hosts why it stopped: {}", identity.host, e.what());
   }
-
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-
-  // Publishes the reason for the other hosts (first reason wins), best effort.
-  void publish_abort(const std::string& reason) {
-    std::lock_guard<std::mutex> lock(store_mutex_);
-    try {
-      if (!store_->check({kAbortKey})) store_->set(kAbortKey, to_bytes(reason));
-    } catch (const std::exception&) {
-      // The coordinator is gone; the other hosts will notice that themselves.
-    }
-  }
-
-  // Marks this host finished, then (host 0) waits for every host to finish so the store outlives their use of it.
-  void finish() {
-    const HostIdentity& id = runtime_.identity_;
-    {
-      std::lock_guard<std::mutex> lock(store_mutex_);
-      store_->set(finished_key(id.host), to_bytes("1"));
-    }
-    if (id.host != 0) return;
-    for (int h = 1; h < id.hosts; ++h) {
-      while (true) {
-        {
-          std::lock_guard<std::mutex> lock(store_mutex_);
-          if (store_->check({finished_key(h)})) break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-  }
-
- private:
-  void loop() {
-    const HostIdentity& id = runtime_.identity_;
-    const auto interval = to_ms(runtime_.options_.heartbeat_interval_s);
-    const auto timeout = to_ms(runtime_.options_.failure_timeout_s);
-    while (true) {
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        if (wake_.wait_for(lock, interval, [this] { return stop_; })) return;
-      }
-      std::string abort_reason, dead_host_reason;
-      try {
-        std::lock_guard<std::mutex> lock(store_mutex_);
-        store_->add(heartbeat_key(id.host), 1);
-        if (store_->check({kAbortKey})) abort_reason = to_string(store_->get(kAbortKey));
-        const auto now = Clock::now();
-        for (int h = 0; h < id.hosts && abort_reason.empty() && dead_host_reason.empty(); ++h) {
-          if (h == id.host || finished_[h]) continue;
-          if (store_->check({finished_key(h)})) {
-            finished_[h] = true;
-            continue;
-          }
-          int64_t beat = store_->add(heartbeat_key(h), 0);
-          if (beat != last_beat_[h]) {
-            last_beat_[h] = beat;
-            last_change_[h] = now;
-          } else if (now - last_change_[h] > timeout) {
-            dead_host_reason = fmt::format("host {} stopped responding (no heartbeat for {:.1f} s)", h,
-                                           runtime_.options_.failure_timeout_s);
-          }
-        }
-      } catch (const std::exception& e) {
-        log::error("host {}: lost contact with the job's coordinator (host 0 at {}:{}), which has probably died: {}",
-                   id.host, id.master_addr, id.master_port, e.what());
-        std::_Exit(kExitAnotherHostFailed);
-      }
-      if (!abort_reason.empty()) {
-        log::error("host {}: the job was aborted: {}", id.host, abort_reason);
-        std::_Exit(kExitAnotherHostFailed);
-      }
-      if (!dead_host_reason.empty()) runtime_.abort_job(dead_host_reason, kExitAnotherHostFailed);
-    }
-  }
-
-  HostRuntime& runtime_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
-  std::mutex store_mutex_;  // the store client is used by the watchdog thread and by abort/finish callers
-  std::vector<int64_t> last_beat_;
-  std::vector<Clock::time_point> last_change_;
-  std::vector<bool> finished_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;
-};
+}
 
 HostRuntime::HostRuntime(HostIdentity identity, const mesh::Mesh& mesh, RuntimeOptions options)
     : identity_(std::move(identity)), mesh_(mesh), options_(options) {
@@ -214,22 +120,27 @@ HostRuntime::HostRuntime(HostIdentity identity, const mesh::Mesh& mesh, RuntimeO
             identity_.host, identity_.hosts, identity_.source, ::getpid(), identity_.devices_per_host,
             threads_per_device_, identity_.master_addr, identity_.master_port);
   if (identity_.host == 0) server_ = connect_store(identity_, true, options_.rendezvous_timeout_s);
-
-  // Rendezvous: every host announces itself and waits for the others.
-  auto store = connect_store(identity_, false, options_.rendezvous_timeout_s);
-  store->set(joined_key(identity_.host), to_bytes("1"));
-  const auto deadline = Clock::now() + to_ms(options_.rendezvous_timeout_s);
-  while (true) {
-    std::vector<int> missing;
-    for (int h = 0; h < identity_.hosts; ++h)
-      if (!store->check({joined_key(h)})) missing.push_back(h);
-    if (missing.empty()) break;
-    if (Clock::now() > deadline)
-      throw UserError(fmt::format("host {}: hosts {} did not join within runtime.rendezvous_timeout_s={} s",
-                                  identity_.host, fmt::join(missing, ","), options_.rendezvous_timeout_s));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  store_ = connect_store(identity_, false, options_.rendezvous_timeout_s);
+  if (identity_.host == 0) {
+    std::random_device random;
+    store_->set(kJobIdKey, to_bytes(fmt::format("{:08x}{:08x}", random(), random())));
   }
-  watchdog_ = std::make_unique<Watchdog>(*this);
+
+  Watchdog::Events events;
+  events.failure_found = [this](const AbortRecord& record) { abort_job(record.reason, record.exit_code); };
+  events.abort_published = [this](const AbortRecord& record) { end_for_another_host(record); };
+  events.coordinator_lost = [this](const std::string& reason) { end_without_coordinator(reason); };
+  watchdog_ = std::make_unique<Watchdog>(
+      identity_,
+      WatchdogTimes{options_.heartbeat_interval_s, options_.failure_timeout_s, options_.step_timeout_s,
+                    options_.rendezvous_timeout_s},
+      std::move(events));
+
+  // Rendezvous: every host announces itself (its watchdog beats already) and waits for the others.
+  store_->set(store_keys::joined(identity_.host), to_bytes("1"));
+  std::vector<std::string> joined;
+  for (int h = 0; h < identity_.hosts; ++h) joined.push_back(store_keys::joined(h));
+  wait_for_keys(*store_, joined, options_.rendezvous_timeout_s, "join the rendezvous");
   log::info("All processes synchronized, starting");
 }
 
@@ -242,17 +153,126 @@ HostRuntime::~HostRuntime() {
   watchdog_.reset();
 }
 
+void HostRuntime::wait_for_keys(c10d::Store& store, const std::vector<std::string>& keys, double timeout_s,
+                                const char* what) {
+  const auto deadline = Clock::now() + to_ms(timeout_s);
+  while (true) {
+    if (std::optional<AbortRecord> record = read_abort(store)) end_for_another_host(*record);
+    std::vector<std::string> missing;
+    for (const std::string& key : keys)
+      if (!store.check({key})) missing.push_back(key.substr(key.rfind('/') + 1));
+    if (missing.empty()) return;
+    if (Clock::now() > deadline)
+      abort_job(fmt::format("host{} {} did not {} within runtime.rendezvous_timeout_s={} s",
+                            missing.size() == 1 ? "" : "s", fmt::join(missing, ","), what, timeout_s),
+                kExitUsage);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void HostRuntime::agree_on_job(const JobFacts& facts) {
+  const std::string job_id = to_string(store_->get(kJobIdKey));
+  if (!facts.shared_dir.empty()) {
+    const fs::path marker = host_marker(facts.shared_dir, job_id, identity_.host);
+    std::error_code error;
+    fs::create_directories(marker.parent_path(), error);
+    std::ofstream(marker) << identity_.host << "\n";
+    MT_USER_CHECK(fs::exists(marker), "host {} cannot write in output_dir {} (tried {})", identity_.host,
+                  facts.shared_dir, marker.string());
+  }
+  store_->set(store_keys::facts(identity_.host), to_bytes(facts.to_json().dump()));
+  std::vector<std::string> fact_keys, sees_keys;
+  for (int h = 0; h < identity_.hosts; ++h) {
+    fact_keys.push_back(store_keys::facts(h));
+    sees_keys.push_back(store_keys::sees(h));
+  }
+  wait_for_keys(*store_, fact_keys, options_.rendezvous_timeout_s, "publish what it would run");
+
+  // Every marker is written now: which of the other hosts' can this host see?
+  std::vector<int> unseen;
+  if (!facts.shared_dir.empty())
+    for (int h = 0; h < identity_.hosts; ++h)
+      if (h != identity_.host && !fs::exists(host_marker(facts.shared_dir, job_id, h))) unseen.push_back(h);
+  store_->set(store_keys::sees(identity_.host), to_bytes(nlohmann::json(unseen).dump()));
+
+  if (identity_.host == 0) {
+    wait_for_keys(*store_, sees_keys, options_.rendezvous_timeout_s, "check the shared storage");
+    std::vector<JobFacts> all;
+    std::vector<std::vector<int>> all_unseen;
+    for (int h = 0; h < identity_.hosts; ++h) {
+      all.push_back(JobFacts::from_json(nlohmann::json::parse(to_string(store_->get(store_keys::facts(h))))));
+      all_unseen.push_back(nlohmann::json::parse(to_string(store_->get(store_keys::sees(h)))).get<std::vector<int>>());
+    }
+    const std::string refusal = compare_job_facts(all, all_unseen);
+    if (!refusal.empty()) abort_job(refusal, kExitUsage);
+    store_->set(store_keys::kVerdict, to_bytes("agreed"));
+  }
+  wait_for_keys(*store_, {store_keys::kVerdict}, options_.rendezvous_timeout_s, "agree on the job");
+  if (!facts.shared_dir.empty()) {
+    std::error_code error;
+    fs::remove(host_marker(facts.shared_dir, job_id, identity_.host), error);
+  }
+  log::info("The {} hosts agree on the job: config, build {}, dataset {}, resume point {}{}", identity_.hosts,
+            facts.build.substr(0, 12), facts.dataset.empty() ? "(none)" : facts.dataset, facts.resume,
+            facts.shared_dir.empty() ? "" : fmt::format(", and every host sees {}", facts.shared_dir));
+}
+
+void HostRuntime::log_flight_recorder() const {
+  if (!watchdog_) return;
+  const std::vector<std::string> lines = watchdog_->flight_recorder_lines();
+  if (lines.empty()) return;
+  log::error("host {}: the last collectives of its devices (flight recorder):", identity_.host);
+  for (const std::string& line : lines) log::error("  {}", line);
+}
+
 void HostRuntime::abort_job(const std::string& reason, int exit_code) {
   // The first failure in this process tells the story; later ones (often its consequences) wait for the exit.
-  static std::atomic<bool> aborting{false};
-  if (aborting.exchange(true))
+  if (ending_.exchange(true))
     while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
-  log::error("{}; ending the job on every host", reason);
-  if (watchdog_) watchdog_->publish_abort(reason);
-  // Host 0 serves the store: give the others one heartbeat interval to read the reason before it goes away.
-  if (identity_.host == 0 && identity_.hosts > 1)
-    std::this_thread::sleep_for(to_ms(2 * options_.heartbeat_interval_s));
+  AbortRecord standing{exit_code, reason};
+  try {
+    standing = watchdog_ ? watchdog_->publish_abort(standing) : publish_abort(*store_, standing);
+  } catch (const std::exception&) {
+    // The coordinator is gone; the other hosts notice that themselves.
+  }
+  if (standing.reason != reason) {
+    log::error("host {}: the job was aborted: {}", identity_.host, standing.reason);
+    log::error("host {}: (this host then failed too: {})", identity_.host, reason);
+    exit_code = standing.exit_code_elsewhere();
+  } else {
+    log::error("{}; ending the job on every host", reason);
+  }
+  log_flight_recorder();
+  if (identity_.host == 0 && identity_.hosts > 1 && watchdog_) {
+    try {
+      watchdog_->wait_for_acknowledgements(linger_seconds(options_));
+    } catch (const std::exception&) {
+    }
+  }
   std::_Exit(exit_code);
+}
+
+void HostRuntime::end_for_another_host(const AbortRecord& record) {
+  if (ending_.exchange(true))
+    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+  log::error("host {}: the job was aborted: {}", identity_.host, record.reason);
+  log_flight_recorder();
+  try {
+    if (watchdog_)
+      watchdog_->acknowledge_abort();
+    else
+      store_->set(store_keys::abort_seen(identity_.host), to_bytes("1"));
+  } catch (const std::exception&) {
+  }
+  std::_Exit(record.exit_code_elsewhere());
+}
+
+void HostRuntime::end_without_coordinator(const std::string& reason) {
+  // No wait for another thread that is ending the process: that one may be stuck in a store call for the same reason.
+  ending_.store(true);
+  log::error("{}; ending this host", reason);
+  log_flight_recorder();
+  std::_Exit(kExitAnotherHostFailed);
 }
 
 void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) {
@@ -270,13 +290,22 @@ void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) 
         auto counters = std::make_shared<CollectiveCounters>();
         context = std::make_unique<DeviceContext>(
             mesh_, device, gloo_group_factory(store, gloo_device, counters, options_.collective_timeout_s), counters);
+        watchdog_->watch_device(WatchedDevice{device, context->progress(), counters});
         fn(*context);
+      } catch (const CollectiveError& e) {
+        // Most likely the consequence of a failure elsewhere: give the watchdog the time it needs to learn the real
+        // reason (a published abort, a host that stopped beating) and end with that; report this one if none comes.
+        std::this_thread::sleep_for(to_ms(options_.failure_timeout_s + 2 * options_.heartbeat_interval_s));
+        abort_job(fmt::format("host {} device {} failed: {}", identity_.host, device, e.what()), kExitThisHostFailed);
+      } catch (const UserError& e) {
+        abort_job(fmt::format("host {} device {} failed: {}", identity_.host, device, e.what()), kExitUsage);
       } catch (const std::exception& e) {
         abort_job(fmt::format("host {} device {} failed: {}", identity_.host, device, e.what()), kExitThisHostFailed);
       }
     });
   }
   for (auto& t : threads) t.join();
+  watchdog_->unwatch_devices();
 }
 
 }  // namespace meshtrain::runtime

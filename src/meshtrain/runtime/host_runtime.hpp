@@ -1,19 +1,28 @@
-// host_runtime.hpp — one host process of a job: rendezvous, one worker thread per local device, failure handling.
+// host_runtime.hpp — one host process of a job: rendezvous, the start-up agreement, one worker thread per local
+// device, and the failure model.
 //
 // Host 0 serves the job's c10d TCPStore; every host and every device thread connects to it with a client of its own.
-// Each local device runs the same function on its own thread with a DeviceContext (rank = global device id); its
-// groups are Gloo process groups over the store. A watchdog thread per host beats a heartbeat into the store and
-// watches for the others' and for an abort record: an exception in any device thread, a host that stops beating,
-// or a lost coordinator ends every host within about failure_timeout_s, each printing the reason and exiting
-// non-zero (1: this host failed, 3: another host did). No hang.
+// The watchdog (watchdog.hpp) starts before the rendezvous. Before any collective exists the hosts agree on the job
+// (agree_on_job: config, build, dataset, resume point, shared storage). Each local device then runs the same function
+// on its own thread with a DeviceContext (rank = global device id); its groups are Gloo process groups over the store.
+//
+// The failure model (docs/runtime.md): the first failure anywhere is published once in the store and every host ends
+// within about failure_timeout_s, printing that first reason and its devices' last collectives, with exit code
+//   1  this host failed (a device threw, a device hangs)        2  usage or start-up refusal, on every host
+//   3  another host failed, or the coordinator was lost
+// A device whose collective fails in the transport (a peer went away) does not report that first: it waits for the
+// watchdog to learn the real reason, and reports its own only if none comes.
 #pragma once
 
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/runtime/device_context.hpp"
 #include "meshtrain/runtime/host_identity.hpp"
+#include "meshtrain/runtime/job_agreement.hpp"
+#include "meshtrain/runtime/job_store.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -23,8 +32,7 @@ class Config;
 
 namespace meshtrain::runtime {
 
-constexpr int kExitThisHostFailed = 1;
-constexpr int kExitAnotherHostFailed = 3;
+class Watchdog;
 
 struct RuntimeOptions {
   int threads_per_device = 0;  // 0: the host's cores split evenly between its devices
@@ -32,6 +40,7 @@ struct RuntimeOptions {
   double heartbeat_interval_s = 1;
   double rendezvous_timeout_s = 120;
   double collective_timeout_s = 600;
+  double step_timeout_s = 600;  // 0: no hang detection
 
   static RuntimeOptions from_config(const config::Config& config);  // the runtime.* keys
 };
@@ -42,16 +51,26 @@ DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> s
                                                std::shared_ptr<CollectiveCounters> counters,
                                                double collective_timeout_s);
 
+// For a host that fails before its HostRuntime exists (a config it cannot load, a missing file): publishes the
+// reason in the job's store so that the other hosts end with it instead of waiting for this one, then returns.
+// Host 0 serves the store for a moment so the others can read it. Best effort: the coordinator may be unreachable.
+void publish_startup_failure(const HostIdentity& identity, const std::string& reason, int exit_code);
+
 class HostRuntime {
  public:
-  // Connects to the coordinator (serving it on host 0), waits for every host, starts the watchdog, and logs
-  // "All processes synchronized". Throws UserError if the hosts do not all arrive within rendezvous_timeout_s.
+  // Connects to the coordinator (serving it on host 0), starts the watchdog, waits for every host, and logs
+  // "All processes synchronized". Throws UserError if the hosts do not all arrive within rendezvous_timeout_s;
+  // ends the process if another host published a failure meanwhile.
   HostRuntime(HostIdentity identity, const mesh::Mesh& mesh, RuntimeOptions options);
   // Waits until every host has finished (host 0 keeps serving the store until then), then stops the watchdog.
   ~HostRuntime();
 
   HostRuntime(const HostRuntime&) = delete;
   HostRuntime& operator=(const HostRuntime&) = delete;
+
+  // Publishes this host's facts, and returns once every host's agree; otherwise every host ends with exit code 2,
+  // printing each difference per host. Call it once, before run_on_devices.
+  void agree_on_job(const JobFacts& facts);
 
   // Runs `fn` on one thread per local device and returns when all have returned. If any throws, the job ends
   // everywhere (this process exits; see the file comment).
@@ -60,18 +79,27 @@ class HostRuntime {
   // Torch intra-op threads each device thread runs with (runtime.threads_per_device, or the cores split evenly).
   int threads_per_device() const { return threads_per_device_; }
 
-  // Ends the job everywhere with `reason` (published for the other hosts), exiting with `exit_code`.
+  // Ends the job everywhere with `reason` (published for the other hosts unless one came first), exiting with
+  // `exit_code` (or, when another host's failure came first, with what that one asks of this host).
   [[noreturn]] void abort_job(const std::string& reason, int exit_code);
 
  private:
-  class Watchdog;
+  // Ends this process because of `record`, published by another host (or found unreachable): prints it and the
+  // devices' last collectives.
+  [[noreturn]] void end_for_another_host(const AbortRecord& record);
+  [[noreturn]] void end_without_coordinator(const std::string& reason);
+  void log_flight_recorder() const;
+  // Polls the store until `keys` all exist, ending the process if an abort is published; UserError after `timeout_s`.
+  void wait_for_keys(c10d::Store& store, const std::vector<std::string>& keys, double timeout_s, const char* what);
 
   HostIdentity identity_;
   const mesh::Mesh& mesh_;
   RuntimeOptions options_;
   int threads_per_device_ = 1;
   c10::intrusive_ptr<c10d::Store> server_;  // host 0 only: the TCPStore that serves the job
+  c10::intrusive_ptr<c10d::Store> store_;   // the main thread's client (rendezvous, agreement)
   std::unique_ptr<Watchdog> watchdog_;
+  std::atomic<bool> ending_{false};  // the first thread to end the process prints its reason; others wait for exit
 };
 
 }  // namespace meshtrain::runtime

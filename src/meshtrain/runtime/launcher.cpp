@@ -71,6 +71,7 @@ void set_identity_environment(const HostIdentity& id) {
   ::setenv("MESHTRAIN_DEVICES_PER_HOST", std::to_string(id.devices_per_host).c_str(), 1);
   ::setenv("MESHTRAIN_MASTER_ADDR", id.master_addr.c_str(), 1);
   ::setenv("MESHTRAIN_MASTER_PORT", std::to_string(id.master_port).c_str(), 1);
+  if (!id.iface.empty()) ::setenv("MESHTRAIN_IFACE", id.iface.c_str(), 1);
 }
 
 }  // namespace
@@ -101,6 +102,7 @@ int launch_local(const LocalLaunch& launch) {
   identity.devices_per_host = launch.devices_per_host;
   identity.master_addr = "127.0.0.1";
   identity.master_port = launch.master_port > 0 ? launch.master_port : find_free_port();
+  identity.iface = launch.iface;
 
   std::vector<HostProcess> hosts(launch.hosts);
   for (int h = 0; h < launch.hosts; ++h) {
@@ -169,10 +171,12 @@ int launch_local(const LocalLaunch& launch) {
       if (::waitpid(p.pid, &status, WNOHANG) == p.pid) {
         p.exited = true;
         p.exit_code = exit_code_of(status);
-        if (p.exit_code != 0 && first_failure == 0) {
-          first_failure = p.exit_code;
-          failure_time = Clock::now();
+        if (p.exit_code != 0) {
           write_all(STDERR_FILENO, fmt::format("[meshtrain run] host {} exited with code {}\n", p.host, p.exit_code));
+          if (first_failure == 0) {
+            first_failure = p.exit_code;
+            failure_time = Clock::now();
+          }
         }
       }
     }

@@ -18,6 +18,7 @@ struct LocalLaunch {
   int hosts = 1;
   int devices_per_host = 1;
   int master_port = 0;         // 0: pick a free port
+  std::string iface;           // the interface Gloo binds to (--iface); empty: GLOO_SOCKET_IFNAME or loopback
   double kill_grace_s = 60;    // after the first failure, how long the other hosts get to end by themselves
   std::string executable;      // the meshtrain binary
   std::vector<std::string> verb_args;  // the verb and its arguments

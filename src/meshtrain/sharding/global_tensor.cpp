@@ -195,7 +195,7 @@ uint64_t shard_hash(const at::Tensor& tensor) {
     mix(word);
   }
   uint64_t tail = 0;
-  std::memcpy(&tail, data + i, size - i);
+  if (size > i) std::memcpy(&tail, data + i, size - i);  // `data` may be null when size is 0
   mix(tail ^ (static_cast<uint64_t>(size - i) << 56));
   return hash;
 }

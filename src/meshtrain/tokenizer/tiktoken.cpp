@@ -1,5 +1,9 @@
 // tiktoken.cpp — loads tiktoken rank files (`<base64 token> <rank>` per line) with the published pre-tokenizer
 // regex and special tokens of each encoding (from openai/tiktoken's tiktoken_ext/openai_public.py).
+//
+// Ranks number the tokens from 0, one a line, so a rank must be below the file's line count: an untrusted rank
+// cannot size the token table beyond what the file holds.
+#include <algorithm>
 #include <charconv>
 
 #include "meshtrain/common/error.hpp"
@@ -94,6 +98,7 @@ TokenizerSpec tiktoken_spec(const std::filesystem::path& rank_file, const std::s
   spec.whole_piece_lookup = true;
   spec.splittable = true;  // the patterns above
 
+  const size_t line_count = static_cast<size_t>(std::count(bytes.begin(), bytes.end(), '\n')) + 1;
   std::string token;
   size_t line_number = 0;
   for (size_t start = 0; start < bytes.size();) {
@@ -111,7 +116,8 @@ TokenizerSpec tiktoken_spec(const std::filesystem::path& rank_file, const std::s
       ok = ec == std::errc() && ptr == line.data() + line.size();
     }
     MT_USER_CHECK(ok, "{}:{}: expected `<base64 token> <rank>`, got '{}'", rank_file.string(), line_number, line);
-    MT_USER_CHECK(rank < (1u << 26), "{}:{}: rank {} is implausibly large", rank_file.string(), line_number, rank);
+    MT_USER_CHECK(rank < line_count, "{}:{}: rank check failed: rank {} is not below the file's {} lines",
+                  rank_file.string(), line_number, rank, line_count);
     if (spec.token_bytes.size() <= rank) spec.token_bytes.resize(rank + 1);
     MT_USER_CHECK(spec.token_bytes[rank].empty(), "{}:{}: rank {} appears twice", rank_file.string(), line_number,
                   rank);

@@ -1,6 +1,10 @@
 // tokenizer_json.cpp — loads Hugging Face tokenizer.json files of the byte-level BPE kind (GPT-2, Llama 3): the
 // vocabulary and merges in the GPT-2 byte-to-unicode alphabet, the pre-tokenizer regex, and the added tokens.
 // Anything else (normalizers, other models, prefix spaces) is refused with a message naming the field.
+//
+// The file is untrusted: every field is checked for its JSON type (a wrong one is a UserError naming the file), and
+// token ids must be below the number of entries (model.vocab plus added_tokens), as a vocabulary numbered from 0
+// has them, so that an id cannot size the token table (4294967295 would wrap `id + 1` to 0).
 #include <array>
 #include <nlohmann/json.hpp>
 
@@ -54,6 +58,16 @@ const nlohmann::json& require(const nlohmann::json& object, const char* key, con
   return object.at(key);
 }
 
+// A token id of `what`: a non-negative integer below `id_limit`.
+uint32_t token_id(const nlohmann::json& value, uint64_t id_limit, const std::string& what,
+                  const std::filesystem::path& path) {
+  MT_USER_CHECK(value.is_number_unsigned() && value.get<uint64_t>() < id_limit,
+                "{}: token id check failed: the id of {} is {}, expected an integer below {} (the number of entries "
+                "in model.vocab and added_tokens)",
+                path.string(), what, value.dump(), id_limit);
+  return value.get<uint32_t>();
+}
+
 std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::filesystem::path& path) {
   auto is_plain_byte_level = [&](const nlohmann::json& p, bool with_regex) {
     return p.value("type", "") == "ByteLevel" && !p.value("add_prefix_space", false) &&
@@ -73,16 +87,8 @@ std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::filesyst
                   path.string(), pre.dump().substr(0, 200)));
 }
 
-}  // namespace
-
-TokenizerSpec tokenizer_json_spec(const std::filesystem::path& path, const std::string& name) {
-  std::string bytes = read_file_bytes(path);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(bytes);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
+TokenizerSpec spec_from_json(const nlohmann::json& json, const std::string& bytes, const std::filesystem::path& path,
+                             const std::string& name) {
   const nlohmann::json& model = require(json, "model", path);
   MT_USER_CHECK(model.value("type", "") == "BPE", "{}: model.type is '{}', expected BPE", path.string(),
                 model.value("type", ""));
@@ -100,20 +106,24 @@ TokenizerSpec tokenizer_json_spec(const std::filesystem::path& path, const std::
   spec.whole_piece_lookup = model.value("ignore_merges", false);
   spec.splittable = spec.pattern == kByteLevelPattern || spec.pattern == kLlama3Pattern;
 
+  const nlohmann::json& vocab = require(model, "vocab", path);
+  MT_USER_CHECK(vocab.is_object(), "{}: model.vocab must be an object of token -> id", path.string());
+  const nlohmann::json added_tokens = json.value("added_tokens", nlohmann::json::array());
+  const uint64_t id_limit = vocab.size() + added_tokens.size();
   std::unordered_map<uint32_t, bool> added_ids;
-  for (const nlohmann::json& added : json.value("added_tokens", nlohmann::json::array())) {
-    SpecialToken special{added.at("content").get<std::string>(), added.at("id").get<uint32_t>()};
+  for (const nlohmann::json& added : added_tokens) {
+    const std::string content = require(added, "content", path).get<std::string>();
+    SpecialToken special{content, token_id(require(added, "id", path), id_limit, "added token '" + content + "'", path)};
     added_ids[special.id] = true;
     spec.special_tokens.push_back(special);
     if (special.text == "<|endoftext|>" || (special.text == "<|end_of_text|>" && spec.end_of_text.empty()))
       spec.end_of_text = special.text;
   }
 
-  const nlohmann::json& vocab = require(model, "vocab", path);
   std::unordered_map<std::string, uint32_t> vocab_ids;
   std::string token_bytes;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    uint32_t id = it.value().get<uint32_t>();
+    const uint32_t id = token_id(it.value(), id_limit, "vocab token '" + it.key() + "'", path);
     vocab_ids[it.key()] = id;
     if (added_ids.count(id)) continue;
     MT_USER_CHECK(byte_level_decode(it.key(), token_bytes),
@@ -145,6 +155,19 @@ TokenizerSpec tokenizer_json_spec(const std::filesystem::path& path, const std::
   }
   MT_USER_CHECK(!spec.merges.empty(), "{}: model.merges is empty", path.string());
   return spec;
+}
+
+}  // namespace
+
+TokenizerSpec tokenizer_json_spec(const std::filesystem::path& path, const std::string& name) {
+  const std::string bytes = read_file_bytes(path);
+  try {
+    return spec_from_json(nlohmann::json::parse(bytes), bytes, path, name);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+    throw UserError(fmt::format("{}: unexpected structure: {}", path.string(), e.what()));
+  }
 }
 
 }  // namespace meshtrain::tokenizer

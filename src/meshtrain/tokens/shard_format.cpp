@@ -1,11 +1,13 @@
 // shard_format.cpp — shard header (de)serialization with its checks, and the index file as JSON.
 #include "meshtrain/tokens/shard_format.hpp"
 
+#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/file_names.hpp"
 
 namespace meshtrain::tokens {
 namespace {
@@ -32,6 +34,25 @@ T get(const uint8_t* bytes, size_t offset) {
 std::string get_string(const uint8_t* bytes, size_t offset, size_t size) {
   const char* begin = reinterpret_cast<const char*>(bytes + offset);
   return std::string(begin, strnlen(begin, size));
+}
+
+// A count or size of the index: a non-negative JSON integer (a negative or fractional one would wrap or be
+// truncated by a plain get<uint64_t>()).
+uint64_t unsigned_field(const nlohmann::json& object, const char* key, const std::string& file) {
+  const nlohmann::json& value = object.at(key);
+  MT_USER_CHECK(value.is_number_unsigned(), "{}: corrupted index: \"{}\" is {}, expected a non-negative integer",
+                file, key, value.dump());
+  return value.get<uint64_t>();
+}
+
+// A shard's "crc32c": exactly 8 hex digits.
+uint32_t crc32c_field(const nlohmann::json& shard, const std::string& file) {
+  const std::string text = shard.at("crc32c").get<std::string>();
+  uint32_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
+  MT_USER_CHECK(text.size() == 8 && error == std::errc() && end == text.data() + text.size(),
+                "{}: corrupted index: crc32c \"{}\" is not 8 hex digits", file, text);
+  return value;
 }
 
 }  // namespace
@@ -120,11 +141,13 @@ std::string index_to_json(const ShardIndex& index) {
   json["documents"] = index.total_documents;
   json["shards"] = nlohmann::ordered_json::array();
   for (const ShardEntry& shard : index.shards) {
-    json["shards"].push_back({{"file", shard.file},
-                              {"tokens", shard.tokens},
-                              {"documents", shard.documents},
-                              {"bytes", shard.bytes},
-                              {"crc32c", fmt::format("{:08x}", shard.crc32c)}});
+    nlohmann::ordered_json entry = {{"file", shard.file},
+                                    {"tokens", shard.tokens},
+                                    {"documents", shard.documents},
+                                    {"bytes", shard.bytes},
+                                    {"crc32c", fmt::format("{:08x}", shard.crc32c)}};
+    if (shard.max_token) entry["max_token"] = *shard.max_token;
+    json["shards"].push_back(entry);
   }
   json["sources"] = index.sources;
   return json.dump(2) + "\n";
@@ -142,29 +165,46 @@ ShardIndex index_from_json(const std::string& text, const std::filesystem::path&
                 "{}: wrong format: expected \"format\": \"{}\"", name, kIndexFormatName);
   ShardIndex index;
   try {
-    index.version = json.at("version").get<uint32_t>();
-    MT_USER_CHECK(index.version == kShardVersion, "{}: wrong version: index version {}, this build reads version {}",
-                  name, index.version, kShardVersion);
+    const uint64_t version = unsigned_field(json, "version", name);
+    MT_USER_CHECK(version == kShardVersion, "{}: wrong version: index version {}, this build reads version {}", name,
+                  version, kShardVersion);
     const auto& tokenizer = json.at("tokenizer");
+    const uint64_t vocab_size = unsigned_field(tokenizer, "vocab_size", name);
+    MT_USER_CHECK(vocab_size <= UINT32_MAX, "{}: corrupted index: vocab_size {} does not fit 32 bits", name,
+                  vocab_size);
+    const nlohmann::json& end_of_text = tokenizer.at("end_of_text_id");
+    MT_USER_CHECK(end_of_text.is_number_integer() && end_of_text.get<int64_t>() >= -1 &&
+                      end_of_text.get<int64_t>() < static_cast<int64_t>(vocab_size),
+                  "{}: corrupted index: end_of_text_id {} is neither -1 nor below vocab_size {}", name,
+                  end_of_text.dump(), vocab_size);
     index.tokenizer = {tokenizer.at("name").get<std::string>(), tokenizer.at("kind").get<std::string>(),
-                       tokenizer.at("fingerprint").get<std::string>(), tokenizer.at("vocab_size").get<uint32_t>(),
-                       tokenizer.at("end_of_text_id").get<int64_t>()};
-    index.token_bytes = json.at("token_bytes").get<uint32_t>();
-    index.total_tokens = json.at("tokens").get<uint64_t>();
-    index.total_documents = json.at("documents").get<uint64_t>();
+                       tokenizer.at("fingerprint").get<std::string>(), static_cast<uint32_t>(vocab_size),
+                       end_of_text.get<int64_t>()};
+    const uint64_t token_bytes = unsigned_field(json, "token_bytes", name);
+    MT_USER_CHECK(token_bytes == 2 || token_bytes == 4, "{}: corrupted index: token_bytes {} (expected 2 or 4)", name,
+                  token_bytes);
+    index.token_bytes = static_cast<uint32_t>(token_bytes);
+    index.total_tokens = unsigned_field(json, "tokens", name);
+    index.total_documents = unsigned_field(json, "documents", name);
+    MT_USER_CHECK(json.at("shards").is_array(), "{}: corrupted index: \"shards\" is not a list", name);
     for (const auto& shard : json.at("shards")) {
-      ShardEntry entry{shard.at("file").get<std::string>(), shard.at("tokens").get<uint64_t>(),
-                       shard.at("documents").get<uint64_t>(), shard.at("bytes").get<uint64_t>(),
-                       static_cast<uint32_t>(std::stoul(shard.at("crc32c").get<std::string>(), nullptr, 16))};
-      MT_USER_CHECK(entry.file.find('/') == std::string::npos && !entry.file.empty() && entry.file[0] != '.',
-                    "{}: corrupted index: shard file name '{}' must be a plain name", name, entry.file);
+      ShardEntry entry{shard.at("file").get<std::string>(), unsigned_field(shard, "tokens", name),
+                       unsigned_field(shard, "documents", name), unsigned_field(shard, "bytes", name),
+                       crc32c_field(shard, name), std::nullopt};
+      MT_USER_CHECK(is_plain_file_name(entry.file), "{}: corrupted index: shard file name {} must be a plain name",
+                    name,
+                    shard.at("file").dump());
+      if (shard.contains("max_token")) {
+        const uint64_t max_token = unsigned_field(shard, "max_token", name);
+        MT_USER_CHECK(max_token <= UINT32_MAX, "{}: corrupted index: max_token {} of {} is not a token id", name,
+                      max_token, entry.file);
+        entry.max_token = static_cast<uint32_t>(max_token);
+      }
       index.shards.push_back(entry);
     }
     index.sources = json.value("sources", std::vector<std::string>{});
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: corrupted index: {}", name, e.what()));
-  } catch (const std::logic_error& e) {  // std::stoul on a malformed checksum
-    throw UserError(fmt::format("{}: corrupted index: bad crc32c ({})", name, e.what()));
   }
   return index;
 }

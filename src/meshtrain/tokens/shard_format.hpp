@@ -2,6 +2,7 @@
 //
 //   <dir>/index.json         format name and version, the tokenizer (name, kind, fingerprint, vocabulary size,
 //                            end-of-text id), the token width, and per shard: file, tokens, documents, bytes, CRC-32C
+//                            and the largest token id (absent in indexes written before it was recorded)
 //   <dir>/shard_00000.tok    a 256-byte header, the tokens (uint16 or uint32, little-endian), zero padding to 8
 //                            bytes, then document_count + 1 uint64 token offsets where documents start (the last
 //                            one is token_count). All offsets and counts are 64-bit.
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,7 @@ struct ShardEntry {
   uint64_t documents = 0;
   uint64_t bytes = 0;
   uint32_t crc32c = 0;  // payload CRC-32C, as in the header
+  std::optional<uint32_t> max_token;  // the largest token id in the shard; none if the shard has no tokens
 };
 
 struct TokenizerRecord {

@@ -1,13 +1,18 @@
-// shard_reader.cpp — memory mapping and the up-front validation of shard directories.
+// shard_reader.cpp — memory mapping (with the SIGBUS handler that names a shard truncated while mapped) and the
+// up-front validation of shard directories.
 #include "meshtrain/tokens/shard_reader.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
@@ -15,8 +20,109 @@
 
 namespace meshtrain::tokens {
 namespace fs = std::filesystem;
+namespace {
 
-MappedFile::MappedFile(const fs::path& path) {
+// The mappings the SIGBUS handler can name: a fixed table whose slots are claimed and released without locks, since
+// the handler may read it while other threads map and unmap. Mappings beyond its size work but go unnamed.
+struct NamedMapping {
+  std::atomic<bool> claimed{false};
+  std::atomic<const uint8_t*> begin{nullptr};  // set last, cleared first: non-null means size and path are valid
+  std::atomic<uint64_t> size{0};
+  std::atomic<const char*> path{nullptr};
+};
+constexpr size_t kNamedMappings = 4096;
+NamedMapping g_named_mappings[kNamedMappings];
+struct sigaction g_previous_sigbus;
+
+void write_text(const char* text) {
+  for (size_t left = std::strlen(text); left > 0;) {
+    const ssize_t n = ::write(STDERR_FILENO, text, left);
+    if (n <= 0) return;
+    text += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+void write_number(uint64_t value) {
+  char digits[24];
+  char* p = digits + sizeof(digits) - 1;
+  *p = '\0';
+  do {
+    *--p = static_cast<char>('0' + value % 10);
+    value /= 10;
+  } while (value > 0);
+  write_text(p);
+}
+
+// Async-signal-safe: only atomics, write(2) and _exit(2).
+void on_sigbus(int signal_number, siginfo_t* info, void* context) {
+  const auto* address = static_cast<const uint8_t*>(info->si_addr);
+  for (NamedMapping& mapping : g_named_mappings) {
+    const uint8_t* begin = mapping.begin.load(std::memory_order_acquire);
+    const uint64_t size = mapping.size.load(std::memory_order_relaxed);
+    if (!begin || address < begin || address >= begin + size) continue;
+    write_text("meshtrain: ");
+    write_text(mapping.path.load(std::memory_order_relaxed));
+    write_text(": truncated while mapped: reading byte ");
+    write_number(static_cast<uint64_t>(address - begin));
+    write_text(" of the ");
+    write_number(size);
+    write_text(" bytes it had when it was opened and checked failed (SIGBUS). The file was shortened in place while "
+               "this process read it; token shards must not change during a run.\n");
+    ::_exit(kTruncatedWhileMapped);
+  }
+  // Not a mapped shard: whoever handled SIGBUS before decides.
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) && g_previous_sigbus.sa_sigaction) {
+    g_previous_sigbus.sa_sigaction(signal_number, info, context);
+  } else if (!(g_previous_sigbus.sa_flags & SA_SIGINFO) && g_previous_sigbus.sa_handler != SIG_DFL &&
+             g_previous_sigbus.sa_handler != SIG_IGN) {
+    g_previous_sigbus.sa_handler(signal_number);
+  } else {
+    ::signal(SIGBUS, SIG_DFL);  // the faulting access runs again on return and ends the process as usual
+  }
+}
+
+// Returns the slot naming [data, data + size) as `path`, or -1 if the table is full.
+int name_mapping(const uint8_t* data, uint64_t size, const char* path) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction action {};
+    action.sa_sigaction = on_sigbus;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, &g_previous_sigbus);
+  });
+  for (size_t slot = 0; slot < kNamedMappings; ++slot) {
+    NamedMapping& mapping = g_named_mappings[slot];
+    bool free = false;
+    if (!mapping.claimed.compare_exchange_strong(free, true)) continue;
+    mapping.path.store(path, std::memory_order_relaxed);
+    mapping.size.store(size, std::memory_order_relaxed);
+    mapping.begin.store(data, std::memory_order_release);
+    return static_cast<int>(slot);
+  }
+  return -1;
+}
+
+void unname_mapping(int slot) {
+  if (slot < 0) return;
+  g_named_mappings[slot].begin.store(nullptr, std::memory_order_release);
+  g_named_mappings[slot].claimed.store(false, std::memory_order_release);
+}
+
+// The largest of `count` tokens of `token_bytes` each at `tokens`.
+uint32_t largest_token(const void* tokens, uint64_t count, uint32_t token_bytes) {
+  if (token_bytes == 2) {
+    const auto* narrow = static_cast<const uint16_t*>(tokens);
+    return *std::max_element(narrow, narrow + count);
+  }
+  const auto* wide = static_cast<const uint32_t*>(tokens);
+  return *std::max_element(wide, wide + count);
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const fs::path& path) : path_(path.string()) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   MT_USER_CHECK(fd >= 0, "{}: cannot open: {}", path.string(), std::strerror(errno));
   struct stat st {};
@@ -32,11 +138,13 @@ MappedFile::MappedFile(const fs::path& path) {
       throw UserError(fmt::format("{}: cannot map: {}", path.string(), std::strerror(errno)));
     }
     data_ = static_cast<const uint8_t*>(mapped);
+    registration_ = name_mapping(data_, size_, path_.c_str());
   }
   ::close(fd);
 }
 
 MappedFile::~MappedFile() {
+  unname_mapping(registration_);
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
@@ -66,6 +174,15 @@ TokenShard::TokenShard(const fs::path& path, const ShardEntry& entry, bool verif
   for (uint64_t d = 0; d < header_.document_count; ++d) {
     MT_USER_CHECK(starts[d] <= starts[d + 1], "{}: corrupted: document {} starts after document {}", name, d, d + 1);
   }
+  if (header_.token_count == 0) return;
+  max_token_ = entry.max_token;
+  if (verify_checksum || !max_token_) {
+    const uint32_t largest = largest_token(tokens(), header_.token_count, header_.token_bytes);
+    MT_USER_CHECK(!max_token_ || *max_token_ == largest,
+                  "{}: does not match the index: the largest token id is {}, the index says {}", name, largest,
+                  *max_token_);
+    max_token_ = largest;
+  }
 }
 
 uint32_t TokenShard::token(uint64_t i) const {
@@ -76,6 +193,7 @@ uint32_t TokenShard::token(uint64_t i) const {
 void TokenShard::copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) const {
   MT_CHECK(begin + count <= header_.token_count, "tokens [{}, {}) out of range of {} ({} tokens)", begin, begin + count,
            path_.string(), header_.token_count);
+  if (count == 0) return;  // `out` may be null
   if (header_.token_bytes == 4) {
     std::memcpy(out, static_cast<const uint32_t*>(tokens()) + begin, count * 4);
     return;
@@ -115,6 +233,10 @@ ShardDirectory ShardDirectory::open(const fs::path& dir, const OpenOptions& opti
                   index.tokenizer.name, index.tokenizer.fingerprint);
     MT_USER_CHECK(shard.token_bytes() == index.token_bytes, "{}: token width {} differs from the index's {}",
                   shard_path.string(), shard.token_bytes(), index.token_bytes);
+    MT_USER_CHECK(!shard.max_token() || *shard.max_token() < index.tokenizer.vocab_size,
+                  "{}: token id check failed: token id {} is not below the vocabulary size {} of tokenizer {} ({})",
+                  shard_path.string(), shard.max_token().value_or(0), index.tokenizer.vocab_size,
+                  index.tokenizer.name, index_path.string());
     tokens += shard.token_count();
     documents += shard.document_count();
   }

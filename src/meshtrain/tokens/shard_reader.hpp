@@ -3,12 +3,22 @@
 //
 // Validation, in order, each failure a UserError naming the file and the check: index present and well-formed
 // (an interrupted `prepare` leaves none), tokenizer as expected, each shard present, not truncated, right magic,
-// right version, header checksum, counts equal to the index, payload CRC-32C, document offsets in order.
+// right version, header checksum, counts equal to the index, payload CRC-32C, document offsets in order, token ids
+// below the tokenizer's vocabulary size (the largest id is recorded per shard in the index; it is recomputed when
+// checksums are verified, and whenever an older index lacks it).
+//
+// A shard truncated *after* it was opened and checked (by another process, in place) would make the next read of
+// its mapping raise SIGBUS. MappedFile registers each mapping with a SIGBUS handler that, for a fault inside a
+// mapped shard, prints which file went short and at which byte, and ends the process with kTruncatedWhileMapped;
+// faults elsewhere go to the handler installed before it (or the default action). An exception cannot be thrown
+// from the fault, and reading through pread() instead would give up the zero-copy mapping the data path is built
+// on. Replacing a shard by rename is harmless: the mapping keeps the old file.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +26,10 @@
 
 namespace meshtrain::tokens {
 
-// A read-only memory mapping of a whole file.
+// The exit status of a process that read a mapped file someone truncated (EX_IOERR of sysexits.h).
+inline constexpr int kTruncatedWhileMapped = 74;
+
+// A read-only memory mapping of a whole file, named to the SIGBUS handler while it exists.
 class MappedFile {
  public:
   explicit MappedFile(const std::filesystem::path& path);
@@ -27,8 +40,10 @@ class MappedFile {
   uint64_t size() const { return size_; }
 
  private:
+  std::string path_;  // read by the SIGBUS handler
   const uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
+  int registration_ = -1;  // slot in the handler's table; -1 if none
 };
 
 // One validated shard, mapped.
@@ -41,6 +56,8 @@ class TokenShard {
   uint64_t token_count() const { return header_.token_count; }
   uint64_t document_count() const { return header_.document_count; }
   uint32_t token_bytes() const { return header_.token_bytes; }
+  // The largest token id; none if the shard has no tokens.
+  std::optional<uint32_t> max_token() const { return max_token_; }
   // The raw token array: uint16_t* when token_bytes() == 2, uint32_t* when 4.
   const void* tokens() const { return file_->data() + header_.tokens_offset; }
   uint32_t token(uint64_t i) const;
@@ -55,6 +72,7 @@ class TokenShard {
   std::filesystem::path path_;
   std::shared_ptr<MappedFile> file_;
   ShardHeader header_;
+  std::optional<uint32_t> max_token_;
 };
 
 struct OpenOptions {

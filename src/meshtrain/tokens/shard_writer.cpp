@@ -1,6 +1,7 @@
 // shard_writer.cpp — streaming shard writer with a running CRC-32C over the payload.
 #include "meshtrain/tokens/shard_writer.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -42,6 +43,10 @@ void ShardWriter::append_document(const uint32_t* ids, size_t count) {
   document_starts_.push_back(header_.token_count);
   ++header_.document_count;
   header_.token_count += count;
+  if (count > 0) {
+    const uint32_t largest = *std::max_element(ids, ids + count);
+    max_token_ = std::max(max_token_.value_or(0), largest);
+  }
   if (header_.token_bytes == 4) {
     write(ids, count * 4);
     return;
@@ -72,7 +77,7 @@ ShardEntry ShardWriter::finish() {
   MT_USER_CHECK(ok, "cannot write {}: {}", temp_path_.string(), std::strerror(errno));
   std::filesystem::rename(temp_path_, path_);
   return {path_.filename().string(), header_.token_count, header_.document_count, header_.file_bytes,
-          header_.payload_crc32c};
+          header_.payload_crc32c, max_token_};
 }
 
 }  // namespace meshtrain::tokens

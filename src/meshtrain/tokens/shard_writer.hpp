@@ -1,9 +1,11 @@
 // shard_writer.hpp — writes one token-shard file: documents are appended as they come, the header (counts,
 // checksums) is filled in at finish(), and the file appears under its final name only then (temp name + rename).
+// The index entry it returns also records the largest token id, which the reader checks against the vocabulary.
 #pragma once
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "meshtrain/tokens/shard_format.hpp"
 
@@ -35,6 +37,7 @@ class ShardWriter {
   std::vector<uint64_t> document_starts_;
   std::vector<uint8_t> buffer_;
   uint32_t crc_ = 0;
+  std::optional<uint32_t> max_token_;  // recorded in the index entry
 };
 
 }  // namespace meshtrain::tokens

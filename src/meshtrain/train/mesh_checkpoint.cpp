@@ -29,7 +29,7 @@ void write_tensor_file(const fs::path& path, const std::vector<std::pair<std::st
 }  // namespace
 
 void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, parallel::ParallelModel& model,
-                          AdamW& optimizer, const TrainingState& state) {
+                          AdamW& optimizer, const TrainingState& state, const std::function<void()>& after_own_files) {
   runtime::Comm& world = ctx.world();
   const int device = world.rank();
   if (device == 0) model::begin_checkpoint_directory(dir);
@@ -69,6 +69,7 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
     small_files.push_back(model::write_hf_index(dir, weight_map, total_bytes));
     small_files.push_back(write_training_state(dir, state));
   }
+  if (after_own_files) after_own_files();
   world.barrier();  // every device's files are on disk
   if (device == 0) {
     std::vector<model::CheckpointFile> files = small_files;

@@ -20,12 +20,15 @@
 #include "meshtrain/train/training_state.hpp"
 
 #include <filesystem>
+#include <functional>
 
 namespace meshtrain::train {
 
-// Collective over the world: every device of the job calls it with the same `dir` and state.
+// Collective over the world: every device of the job calls it with the same `dir` and state. `after_own_files` runs
+// on each device once its own files are written, before the completion marker (the failure tests die there).
 void save_mesh_checkpoint(const std::filesystem::path& dir, runtime::DeviceContext& ctx,
-                          parallel::ParallelModel& model, AdamW& optimizer, const TrainingState& state);
+                          parallel::ParallelModel& model, AdamW& optimizer, const TrainingState& state,
+                          const std::function<void()>& after_own_files = {});
 
 // Fills the optimizer's moments (laid out like the model's shards on this mesh) from `dir`; its step count is the
 // training state's step (one AdamW step per training step).

@@ -9,7 +9,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 namespace fs = std::filesystem;
 
@@ -34,9 +36,22 @@ bool is_trajectory_key(const std::string& key) {
   return true;
 }
 
+// Whether a JSON value is an integer that T holds (get<T>() alone would wrap a negative or too large one and
+// truncate a fraction).
+template <typename T>
+bool integer_fits(const nlohmann::json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
+  return value.is_number_integer() && std::is_signed_v<T> &&
+         value.get<int64_t>() >= int64_t(std::numeric_limits<T>::min());
+}
+
 template <typename T>
 T field(const nlohmann::json& json, const char* name, const std::string& source) {
   MT_USER_CHECK(json.contains(name), "{}: the field '{}' is missing", source, name);
+  if constexpr (std::is_integral_v<T>) {
+    MT_USER_CHECK(integer_fits<T>(json.at(name)), "{}: the field '{}' is {}, expected an integer in [{}, {}]", source,
+                  name, json.at(name).dump(), std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+  }
   try {
     return json.at(name).get<T>();
   } catch (const nlohmann::json::exception& e) {
@@ -48,8 +63,8 @@ T field(const nlohmann::json& json, const char* name, const std::string& source)
 
 std::map<std::string, std::string> trajectory_config(const config::Config& config) {
   std::map<std::string, std::string> out;
-  for (const std::string& key : config.leaf_keys())
-    if (is_trajectory_key(key)) out[key] = YAML::Dump(config.node(key));
+  for (const auto& [key, value] : config.leaf_values())
+    if (is_trajectory_key(key)) out[key] = value;
   return out;
 }
 
@@ -62,14 +77,14 @@ std::string config_fingerprint(const std::map<std::string, std::string>& traject
   return fmt::format("{:08x}", crc);
 }
 
-TrainingState TrainingState::for_config(const config::Config& config, int64_t step, int64_t tokens_seen,
-                                        nlohmann::json data_state) {
+TrainingState TrainingState::at_step(const std::map<std::string, std::string>& trajectory, uint64_t seed, int64_t step,
+                                     int64_t tokens_seen, nlohmann::json data_state) {
   TrainingState state;
   state.step = step;
   state.tokens_seen = tokens_seen;
   state.data_state = std::move(data_state);
-  state.seed = static_cast<uint64_t>(config.get_int("seed"));
-  state.config = trajectory_config(config);
+  state.seed = seed;
+  state.config = trajectory;
   state.config_fingerprint = train::config_fingerprint(state.config);
   return state;
 }
@@ -99,8 +114,7 @@ TrainingState TrainingState::from_json(const nlohmann::json& json, const std::st
   return state;
 }
 
-std::vector<std::string> config_changes(const TrainingState& state, const config::Config& config) {
-  const std::map<std::string, std::string> now = trajectory_config(config);
+std::vector<std::string> config_changes(const TrainingState& state, const std::map<std::string, std::string>& now) {
   std::vector<std::string> changes;
   if (config_fingerprint(now) == state.config_fingerprint) return changes;
   auto value_or_unset = [](const std::map<std::string, std::string>& m, const std::string& key) {

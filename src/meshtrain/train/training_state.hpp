@@ -34,9 +34,9 @@ struct TrainingState {
   std::string config_fingerprint;             // config_fingerprint(trajectory config)
   std::map<std::string, std::string> config;  // trajectory key -> value as YAML text
 
-  // The state of a run with `config` at `step` (fills seed, config and its fingerprint).
-  static TrainingState for_config(const config::Config& config, int64_t step, int64_t tokens_seen,
-                                  nlohmann::json data_state);
+  // The state at `step` of a run whose trajectory config is `trajectory` (trajectory_config()); fills the fingerprint.
+  static TrainingState at_step(const std::map<std::string, std::string>& trajectory, uint64_t seed, int64_t step,
+                               int64_t tokens_seen, nlohmann::json data_state);
 
   nlohmann::json to_json() const;
   // UserError naming `source` (a file name) for a wrong format, version or field.
@@ -48,9 +48,9 @@ std::map<std::string, std::string> trajectory_config(const config::Config& confi
 // CRC-32C of the trajectory keys and values, 8 hex digits.
 std::string config_fingerprint(const std::map<std::string, std::string>& trajectory);
 
-// "key: saved -> now" for each trajectory key whose value differs between `state` and `config` (added and removed
+// "key: saved -> now" for each trajectory key whose value differs between `state` and `trajectory` (added and removed
 // keys too); empty when the fingerprints match.
-std::vector<std::string> config_changes(const TrainingState& state, const config::Config& config);
+std::vector<std::string> config_changes(const TrainingState& state, const std::map<std::string, std::string>& trajectory);
 
 // Writes <dir>/training_state.json atomically and returns its entry for model::write_completion_marker.
 model::CheckpointFile write_training_state(const std::filesystem::path& dir, const TrainingState& state);

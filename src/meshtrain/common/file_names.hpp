@@ -1,0 +1,13 @@
+// file_names.hpp — checks on file names read from untrusted files (indexes, markers) before they become paths.
+#pragma once
+
+#include <string>
+
+namespace meshtrain {
+
+// A name that stays inside the folder it is joined to: not empty, not "." or "..", and without '/' or a NUL byte.
+inline bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find_first_of(std::string("/\0", 2)) == std::string::npos;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,52 @@
+// train_settings.hpp — everything the training loop reads from the config, resolved and validated once on the main
+// thread before any device thread starts. Plain, immutable data: the device threads share it freely (a Config is a
+// yaml-cpp tree, which is not safe to read from several threads; see config.hpp).
+#pragma once
+
+#include "meshtrain/config/config.hpp"
+#include "meshtrain/model/llama_config.hpp"
+#include "meshtrain/parallel/parallel_model.hpp"
+#include "meshtrain/train/adamw.hpp"
+#include "meshtrain/train/lr_schedule.hpp"
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+namespace meshtrain::train {
+
+// debug.fault / fault_step / fault_device: a failure the failure tests inject on one device at one step.
+struct FaultInjection {
+  enum class Kind { none, throw_error, hang, kill, kill_in_save };
+  Kind kind = Kind::none;
+  int64_t step = 0;
+  int device = 0;
+
+  static FaultInjection from_config(const config::Config& config);
+  bool fires(Kind k, int64_t at_step, int on_device) const { return kind == k && step == at_step && device == on_device; }
+};
+
+struct TrainSettings {
+  explicit TrainSettings(LrSchedule lr_schedule) : schedule(std::move(lr_schedule)) {}
+
+  std::filesystem::path output_dir, checkpoints;  // checkpoints = output_dir/checkpoints
+  model::LlamaConfig model;
+  int64_t max_steps = 0, global_batch_size = 0, block_size = 0;
+  int64_t micro_batches = 1;  // gradient_accumulation_steps
+  int64_t save_steps = 0, keep = 0;
+  double max_grad_norm = 0;
+  torch::Dtype compute_dtype = torch::kFloat32;
+  parallel::ParallelOptions parallel;
+  AdamWOptions adamw;
+  LrSchedule schedule;
+  uint64_t seed = 0;
+  bool resume = true;
+  std::string init_from;  // a Hugging Face checkpoint directory; "" for none
+  std::map<std::string, std::string> trajectory;  // trajectory_config(): saved with every checkpoint
+  FaultInjection fault;
+
+  // UserError naming the key for a missing or out-of-range value.
+  static TrainSettings from_config(const config::Config& config);
+};
+
+}  // namespace meshtrain::train

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""make_corpus.py — writes the seed inputs of the fuzz targets into tests/fuzz/corpus/<reader>/: small valid files
+of each format and edge cases next to them (empty, limits, known past bugs). Run it again after a format changes;
+the seeds are committed, so CI never runs it.
+
+    python3 tests/fuzz/make_corpus.py
+"""
+import base64
+import json
+import os
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "corpus")
+
+
+def crc32c(data, crc=0):
+    crc ^= 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def write(reader, name, data):
+    folder = os.path.join(CORPUS, reader)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+# ---- token shards (docs/formats.md) ----
+def shard_bytes(documents, token_bytes, name="fuzz-tok", fingerprint="crc32c:0000abcd:42"):
+    tokens = [t for d in documents for t in d]
+    payload = b"".join(struct.pack("<H" if token_bytes == 2 else "<I", t) for t in tokens)
+    payload += b"\0" * ((-len(payload)) % 8)
+    starts, at = [], 0
+    for d in documents:
+        starts.append(at)
+        at += len(d)
+    starts.append(at)
+    payload += b"".join(struct.pack("<Q", s) for s in starts)
+    documents_offset = 256 + (len(tokens) * token_bytes + 7) // 8 * 8
+    header = bytearray(256)
+    header[0:8] = b"MTTOKENS"
+    struct.pack_into("<IIIIQQQQQI", header, 8, 1, 256, token_bytes, 0, len(tokens), len(documents), 256,
+                     documents_offset, 256 + len(payload), crc32c(payload))
+    header[72:72 + len(name)] = name.encode()
+    header[104:104 + len(fingerprint)] = fingerprint.encode()
+    struct.pack_into("<I", header, 252, crc32c(bytes(header[:252])))
+    return bytes(header) + payload
+
+
+def shard_index(entries, token_bytes, vocab_size=70000):
+    return json.dumps({
+        "format": "meshtrain-token-shards", "version": 1,
+        "tokenizer": {"name": "fuzz-tok", "kind": "tiktoken", "fingerprint": "crc32c:0000abcd:42",
+                      "vocab_size": vocab_size, "end_of_text_id": 3},
+        "token_bytes": token_bytes,
+        "tokens": sum(e["tokens"] for e in entries), "documents": sum(e["documents"] for e in entries),
+        "shards": entries, "sources": ["fuzz.txt"]}, indent=2) + "\n"
+
+
+def shard_entry(file, documents, token_bytes, max_token=True):
+    data = shard_bytes(documents, token_bytes)
+    entry = {"file": file, "tokens": sum(len(d) for d in documents), "documents": len(documents),
+             "bytes": len(data), "crc32c": "%08x" % struct.unpack_from("<I", data, 64)[0]}
+    if max_token:
+        entry["max_token"] = max(t for d in documents for t in d)
+    return entry
+
+
+def token_shards():
+    # The harness's own shards (fuzz_token_shards.cpp writes the same documents).
+    narrow = [[3, 10, 11, 12], [3, 65535]]
+    wide = [[3, 69999]]
+    write("token_shards", "index_uint16.json", shard_index([shard_entry("shard_00000.tok", narrow, 2)], 2))
+    write("token_shards", "index_uint32_without_max_token.json",
+          shard_index([shard_entry("shard_00001.tok", wide, 4, max_token=False)], 4))
+    write("token_shards", "index_token_id_beyond_vocab.json",
+          shard_index([shard_entry("shard_00000.tok", narrow, 2)], 2, vocab_size=1000))
+    write("token_shards", "index_path_traversal.json",
+          shard_index([dict(shard_entry("shard_00000.tok", narrow, 2), file="../shard_00000.tok")], 2))
+    write("token_shards", "shard_uint16.tok", shard_bytes(narrow + [[3], [3, 7, 8]], 2))
+    write("token_shards", "shard_uint32.tok", shard_bytes(wide + [[1, 2, 3, 4, 5]], 4))
+    write("token_shards", "shard_empty.tok", shard_bytes([], 2))
+    write("token_shards", "shard_empty_documents.tok", shard_bytes([[], [5], []], 2))
+    write("token_shards", "shard_token_id_beyond_vocab.tok", shard_bytes([[3, 0xFFFFFFFF]], 4))
+
+
+# ---- tokenizers ----
+def gpt2_byte_alphabet():
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    table, extra = {}, 256
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(extra)
+            extra += 1
+    return table
+
+
+BYTE_LEVEL_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "w"), ("o", "r")]
+
+
+def tokenizer_json(merges_as_pairs=False, sequence=False, ignore_merges=False, added_id=None):
+    alphabet = gpt2_byte_alphabet()
+    vocab = {alphabet[b]: b for b in range(256)}
+    for left, right in MERGES:
+        vocab[left + right] = len(vocab)
+    eot_id = len(vocab) if added_id is None else added_id
+    vocab["<|endoftext|>"] = eot_id
+    if sequence:
+        pre = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": BYTE_LEVEL_REGEX}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    else:
+        pre = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return json.dumps({
+        "version": "1.0",
+        "added_tokens": [{"id": eot_id, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None, "pre_tokenizer": pre, "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": ignore_merges, "vocab": vocab,
+                  "merges": [[l, r] for l, r in MERGES] if merges_as_pairs else [f"{l} {r}" for l, r in MERGES]}},
+        ensure_ascii=False)
+
+
+def tokenizer_jsons():
+    write("tokenizer_json", "gpt2_style.json", tokenizer_json())
+    write("tokenizer_json", "llama3_style.json", tokenizer_json(merges_as_pairs=True, sequence=True,
+                                                                ignore_merges=True))
+    # The id that wrapped `resize(id + 1)` to 0 before ids were bounded.
+    write("tokenizer_json", "added_id_4294967295.json", tokenizer_json(added_id=4294967295))
+
+
+def tiktoken_file(extra=()):
+    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
+    rank = 256
+    for token in [b"he", b"ll", b"hell", b"hello", b" w", b"or"] + list(extra):
+        lines.append(f"{base64.b64encode(token).decode()} {rank}")
+        rank += 1
+    return "\n".join(lines) + "\n"
+
+
+def tiktokens():
+    write("tiktoken", "r50k_like.tiktoken", tiktoken_file())
+    write("tiktoken", "rank_4294967295.tiktoken", tiktoken_file() + "eHl6 4294967295\n")
+    write("tiktoken", "no_trailing_newline.tiktoken", tiktoken_file().rstrip("\n"))
+
+
+# ---- YAML config ----
+def configs():
+    with open(os.path.join(HERE, "..", "..", "configs", "defaults.yaml")) as f:
+        write("config_yaml", "defaults.yaml", f.read())
+    write("config_yaml", "overrides.yaml",
+          "model:\n  name: llama-tiny\n  vocab_size: 256\n  layers: [1, 2, 3]\nici_mesh: {fsdp: 4, tensor: 1}\n"
+          "seed: 42\nlr: 3.0e-4\nflag: true\nempty:\nanchor: &a {x: 1}\nalias: *a\n")
+
+
+# ---- safetensors ----
+def safetensors_bytes(tensors, metadata=None, pad=True):
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, blob in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
+    text = json.dumps(header, separators=(",", ":"))
+    if pad:
+        text += " " * ((-len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text.encode() + data
+
+
+def safetensors():
+    write("safetensors", "f32_and_bf16.safetensors", safetensors_bytes([
+        ("a", "F32", [2, 3], struct.pack("<6f", *range(6))),
+        ("b", "BF16", [4], b"\x80\x3f" * 4),
+        ("c", "I64", [], struct.pack("<q", -7))], metadata={"format": "pt"}))
+    write("safetensors", "all_dtypes.safetensors", safetensors_bytes([
+        (f"t_{d}", d, [2], b"\x01" * (2 * s)) for d, s in
+        [("F64", 8), ("F32", 4), ("F16", 2), ("BF16", 2), ("I64", 8), ("I32", 4), ("I16", 2), ("I8", 1), ("U8", 1),
+         ("BOOL", 1)]]))
+    write("safetensors", "empty_tensor.safetensors", safetensors_bytes([("e", "F32", [0, 5], b"")]))
+    write("safetensors", "no_tensors.safetensors", safetensors_bytes([]))
+    # Sizes whose byte count wraps to 0 in 64 bits (accepted before the multiplication was checked).
+    write("safetensors", "overflowing_shape.safetensors",
+          safetensors_bytes([("x", "F32", [4611686018427387904, 4], b"")]))
+
+
+# ---- Hugging Face checkpoint index and marker, training state ----
+TINY_LLAMA_TENSORS = [
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+    "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
+    "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+    "model.norm.weight", "lm_head.weight"]
+
+
+def checkpoint_files():
+    # fuzz_safetensors_index.cpp saves its tiny Llama one tensor per file, in parameter order.
+    count = len(TINY_LLAMA_TENSORS)
+    weight_map = {name: f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i, name in enumerate(TINY_LLAMA_TENSORS)}
+    write("safetensors_index", "valid.json",
+          json.dumps({"metadata": {"total_size": 1024}, "weight_map": weight_map}, indent=2) + "\n")
+    write("safetensors_index", "absolute_path.json",
+          json.dumps({"metadata": {}, "weight_map": dict(weight_map, **{"lm_head.weight": "/etc/passwd"})}))
+    write("safetensors_index", "parent_path.json",
+          json.dumps({"weight_map": dict(weight_map, **{"model.norm.weight": "../model.safetensors"})}))
+
+    # fuzz_checkpoint_marker.cpp's folder holds these two files.
+    config, state = b'{"model_type": "llama"}\n', b'{"step": 1}\n'
+    files = [{"name": "config.json", "bytes": len(config), "crc32c": crc32c(config)},
+             {"name": "training_state.json", "bytes": len(state), "crc32c": crc32c(state)}]
+    write("checkpoint_marker", "valid.json", json.dumps({"files": files}, indent=2) + "\n")
+    write("checkpoint_marker", "missing_file.json",
+          json.dumps({"files": files + [{"name": "optimizer-00001-of-00001.safetensors", "bytes": 8, "crc32c": 0}]}))
+    write("checkpoint_marker", "parent_path.json",
+          json.dumps({"files": [{"name": "../step-000001/config.json", "bytes": len(config),
+                                 "crc32c": crc32c(config)}]}))
+    write("checkpoint_marker", "wrong_types.json", json.dumps({"files": [{"name": 7, "bytes": "8", "crc32c": -1}]}))
+
+    state = {"format": "meshtrain-training-state", "version": 1, "step": 20, "tokens_seen": 40960, "seed": 42,
+             "data_state": {"epoch": 0, "step": 20, "samples": 1000}, "config_fingerprint": "3f2a9c1e",
+             "config": {"optimizer.learning_rate": "0.003", "model.name": "llama-tiny", "block_size": "64"}}
+    write("training_state", "valid.json", json.dumps(state, indent=2) + "\n")
+    write("training_state", "huge_numbers.json",
+          json.dumps(dict(state, step=18446744073709551615, seed=-1, tokens_seen=1e300)))
+
+
+if __name__ == "__main__":
+    shutil.rmtree(CORPUS, ignore_errors=True)
+    token_shards()
+    tokenizer_jsons()
+    tiktokens()
+    configs()
+    safetensors()
+    checkpoint_files()
+    for reader in sorted(os.listdir(CORPUS)):
+        sizes = [os.path.getsize(os.path.join(CORPUS, reader, f)) for f in os.listdir(os.path.join(CORPUS, reader))]
+        print(f"{reader}: {len(sizes)} seeds, largest {max(sizes)} bytes")

@@ -1,0 +1,56 @@
+// train_settings_test.cpp — the trainer's settings, resolved once from the config: values, checks, fault injection.
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/train/train_settings.hpp"
+
+#include <gtest/gtest.h>
+
+namespace meshtrain::train {
+namespace {
+
+TrainSettings settings_for(const std::vector<std::string>& overrides) {
+  return TrainSettings::from_config(config::Config::load(config::default_config_dir(), overrides));
+}
+
+TEST(TrainSettingsTest, ReadsTheTrainerKeys) {
+  const TrainSettings s = settings_for({"max_steps=7", "output_dir=/tmp/x", "compute_dtype=bfloat16", "seed=9"});
+  EXPECT_EQ(s.max_steps, 7);
+  EXPECT_EQ(s.checkpoints, std::filesystem::path("/tmp/x/checkpoints"));
+  EXPECT_EQ(s.compute_dtype, torch::kBFloat16);
+  EXPECT_EQ(s.seed, 9u);
+  EXPECT_EQ(s.trajectory.at("seed"), "9");
+  EXPECT_EQ(s.trajectory.count("output_dir"), 0u);
+  EXPECT_EQ(s.fault.kind, FaultInjection::Kind::none);
+}
+
+TEST(TrainSettingsTest, BadValuesNameTheKey) {
+  EXPECT_THROW(
+      {
+        try {
+          settings_for({"max_steps=0"});
+        } catch (const UserError& e) {
+          EXPECT_NE(std::string(e.what()).find("max_steps"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      UserError);
+  EXPECT_THROW(settings_for({"compute_dtype=float16"}), UserError);
+  try {
+    settings_for({"debug.fault=explode"});
+    FAIL() << "an unknown fault was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("debug.fault=explode: expected none, throw, hang, kill or kill_in_save"),
+              std::string::npos);
+  }
+}
+
+TEST(TrainSettingsTest, AFaultFiresOnlyOnItsDeviceAndStep) {
+  const TrainSettings s = settings_for({"debug.fault=hang", "debug.fault_step=3", "debug.fault_device=2"});
+  using Kind = FaultInjection::Kind;
+  EXPECT_TRUE(s.fault.fires(Kind::hang, 3, 2));
+  EXPECT_FALSE(s.fault.fires(Kind::hang, 3, 1));
+  EXPECT_FALSE(s.fault.fires(Kind::hang, 4, 2));
+  EXPECT_FALSE(s.fault.fires(Kind::throw_error, 3, 2));
+}
+
+}  // namespace
+}  // namespace meshtrain::train
