@@ -205,6 +205,8 @@ TEST_F(TokensShardTest, IndexFieldsAreCheckedStrictly) {
             index + ": corrupted index: \"tokens\" is -10, expected a non-negative integer");
   EXPECT_EQ(error_after([](nlohmann::json& j) { j["tokenizer"]["vocab_size"] = 4294967296; }),
             index + ": corrupted index: vocab_size 4294967296 does not fit 32 bits");
+  EXPECT_EQ(error_after([](nlohmann::json& j) { j["format"] = 1; }),  // json.value() threw a raw type_error
+            index + ": wrong format: expected \"format\": \"" + kIndexFormatName + "\"");
   EXPECT_EQ(error_after([](nlohmann::json& j) { j["version"] = 4294967297; }),  // wrapped to 1
             index + ": wrong version: index version 4294967297, this build reads version 1");
 }

@@ -63,6 +63,8 @@ TEST(TrainingStateTest, MalformedStateIsNamed) {
   };
   EXPECT_NE(error_of("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(error_of("{}").find("not a meshtrain training state"), std::string::npos);
+  // A "format" that is not a string (found by fuzz.training_state: json.value() threw a raw type_error).
+  EXPECT_NE(error_of(R"({"format": 1})").find("not a meshtrain training state"), std::string::npos);
   nlohmann::json json = sample_state().to_json();
   json["version"] = 99;
   EXPECT_NE(error_of(json.dump()).find("version 99"), std::string::npos);

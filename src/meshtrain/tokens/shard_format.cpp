@@ -161,7 +161,7 @@ ShardIndex index_from_json(const std::string& text, const std::filesystem::path&
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: corrupted index: not valid JSON ({})", name, e.what()));
   }
-  MT_USER_CHECK(json.is_object() && json.value("format", "") == kIndexFormatName,
+  MT_USER_CHECK(json.is_object() && json.contains("format") && json["format"] == kIndexFormatName,
                 "{}: wrong format: expected \"format\": \"{}\"", name, kIndexFormatName);
   ShardIndex index;
   try {

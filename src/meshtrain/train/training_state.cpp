@@ -97,8 +97,8 @@ nlohmann::json TrainingState::to_json() const {
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& json, const std::string& source) {
-  MT_USER_CHECK(json.is_object() && json.value("format", "") == kFormat, "{}: not a meshtrain training state",
-                source);
+  MT_USER_CHECK(json.is_object() && json.contains("format") && json["format"] == kFormat,
+                "{}: not a meshtrain training state (its \"format\" must be \"{}\")", source, kFormat);
   const int version = field<int>(json, "version", source);
   MT_USER_CHECK(version == kVersion, "{}: training state version {} (this meshtrain reads version {})", source,
                 version, kVersion);
