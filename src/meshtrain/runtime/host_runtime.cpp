@@ -98,10 +98,8 @@ void publish_startup_failure(const HostIdentity& identity, const std::string& re
     publish_abort(*store, AbortRecord{exit_code, fmt::format("host {} failed at start-up: {}", identity.host, reason)});
     if (identity.host != 0) return;
     // Serve until every other host has read it (they poll while they wait for the rendezvous), for a bounded time.
-    const auto deadline = Clock::now() + to_ms(defaults.failure_timeout_s);
-    for (int h = 1; h < identity.hosts; ++h)
-      while (Clock::now() < deadline && !store->check({store_keys::abort_seen(h)}))
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    wait_until_hosts_read_abort(identity.hosts, defaults.failure_timeout_s,
+                                [&](const std::string& key) { return store->check({key}); });
   } catch (const std::exception& e) {
     log::warning("host {}: could not tell the other hosts why it stopped: {}", identity.host, e.what());
   }

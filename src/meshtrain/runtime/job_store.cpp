@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <thread>
+
 namespace meshtrain::runtime {
 
 namespace store_keys {
@@ -68,6 +70,14 @@ AbortRecord publish_abort(c10d::Store& store, const AbortRecord& record) {
 std::optional<AbortRecord> read_abort(c10d::Store& store) {
   if (!store.check({store_keys::kAbort})) return std::nullopt;
   return decode(to_string(store.get(store_keys::kAbort)));
+}
+
+void wait_until_hosts_read_abort(int hosts, double timeout_s, const std::function<bool(const std::string&)>& key_exists) {
+  const auto deadline = std::chrono::steady_clock::now() + to_ms(timeout_s);
+  for (int h = 1; h < hosts; ++h)
+    while (std::chrono::steady_clock::now() < deadline && !key_exists(store_keys::abort_seen(h)) &&
+           !key_exists(store_keys::finished(h)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
 }  // namespace meshtrain::runtime

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,5 +58,10 @@ struct AbortRecord {
 AbortRecord publish_abort(c10d::Store& store, const AbortRecord& record);
 // The published record, if any.
 std::optional<AbortRecord> read_abort(c10d::Store& store);
+
+// Host 0 keeps the coordinator up after an abort until every other host has read the record (or finished), for at
+// most `timeout_s`. `key_exists(key)` is one store check (the caller's, under its lock if it shares the store:
+// c10d stores are not safe for concurrent use; the lock is not held while waiting).
+void wait_until_hosts_read_abort(int hosts, double timeout_s, const std::function<bool(const std::string&)>& key_exists);
 
 }  // namespace meshtrain::runtime

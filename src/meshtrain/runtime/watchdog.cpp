@@ -76,16 +76,10 @@ void Watchdog::acknowledge_abort() {
 }
 
 void Watchdog::wait_for_acknowledgements(double timeout_s) {
-  const auto deadline = Clock::now() + to_ms(timeout_s);
-  for (int h = 1; h < identity_.hosts; ++h) {
-    while (Clock::now() < deadline) {
-      {
-        std::lock_guard<std::mutex> lock(store_mutex_);
-        if (store_->check({store_keys::abort_seen(h)}) || store_->check({store_keys::finished(h)})) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
+  wait_until_hosts_read_abort(identity_.hosts, timeout_s, [this](const std::string& key) {
+    std::lock_guard<std::mutex> lock(store_mutex_);
+    return store_->check({key});
+  });
 }
 
 void Watchdog::finish() {
