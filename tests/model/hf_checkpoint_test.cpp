@@ -2,6 +2,7 @@
 // bf16), the completion marker, and damaged or mismatched checkpoints refused with the file and the check named
 // (overflowing shapes, marker and index file names outside the directory).
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/checksum.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/safetensors.hpp"
 
@@ -68,9 +69,10 @@ TEST_F(CheckpointTest, SafetensorsRoundTripKeepsDtypesShapesAndMetadata) {
   write_safetensors(writer, tensors, {{"format", "pt"}});
   writer.commit();
   EXPECT_FALSE(fs::exists(dir_ / "t.safetensors.tmp"));
-  SafetensorsFile file = SafetensorsFile::read(dir_ / "t.safetensors");
+  SafetensorsFile file = SafetensorsFile::open(dir_ / "t.safetensors");
   EXPECT_EQ(file.metadata().at("format"), "pt");
-  EXPECT_EQ(file.crc32c(), writer.crc32c());
+  EXPECT_EQ(file_crc32c(dir_ / "t.safetensors").crc32c, writer.crc32c());
+  EXPECT_EQ(file.file_size(), writer.bytes_written());
   for (const auto& [name, t] : tensors) {
     torch::Tensor back = file.tensor(name);
     EXPECT_EQ(back.scalar_type(), t.scalar_type()) << name;
@@ -112,7 +114,7 @@ TEST_F(CheckpointTest, Bf16CheckpointsLoadIntoFp32Parameters) {
   LlamaForCausalLM saved(small_config()), loaded(small_config());
   initialize_parameters(saved, 3);
   save_hf_checkpoint(dir_, saved, {torch::kBFloat16});
-  SafetensorsFile file = SafetensorsFile::read(dir_ / "model.safetensors");
+  SafetensorsFile file = SafetensorsFile::open(dir_ / "model.safetensors");
   EXPECT_EQ(file.entry("lm_head.weight").dtype, torch::kBFloat16);
   load_hf_checkpoint(dir_, loaded);
   auto pl = loaded.named_parameters();
@@ -126,7 +128,10 @@ TEST_F(CheckpointTest, TruncatedWeightsAreRefusedNamingFileAndCheck) {
   LlamaForCausalLM model(small_config());
   save_hf_checkpoint(dir_, model);
   fs::resize_file(dir_ / "model.safetensors", fs::file_size(dir_ / "model.safetensors") - 10);
+  // The marker's size catches it first; the reader's own structural check (a Hugging Face directory has no marker).
   std::string message = user_error([&] { load_hf_checkpoint(dir_, model); });
+  EXPECT_NE(message.find("model.safetensors: size check failed"), std::string::npos) << message;
+  message = user_error([&] { SafetensorsFile::open(dir_ / "model.safetensors"); });
   EXPECT_NE(message.find("model.safetensors"), std::string::npos) << message;
   EXPECT_NE(message.find("truncated"), std::string::npos) << message;
 }
@@ -155,7 +160,7 @@ TEST_F(CheckpointTest, InterruptedSaveIsRefused) {
 TEST_F(CheckpointTest, GarbageHeaderIsRefused) {
   fs::create_directories(dir_);
   std::ofstream(dir_ / "bad.safetensors") << "not a safetensors file at all";
-  std::string message = user_error([&] { SafetensorsFile::read(dir_ / "bad.safetensors"); });
+  std::string message = user_error([&] { SafetensorsFile::open(dir_ / "bad.safetensors"); });
   EXPECT_NE(message.find("bad.safetensors: header length"), std::string::npos) << message;
 }
 
@@ -166,7 +171,7 @@ TEST_F(CheckpointTest, OverflowingShapeIsRefused) {
   std::string bytes(8, '\0');
   bytes[0] = static_cast<char>(header.size());
   std::ofstream(dir_ / "big.safetensors", std::ios::binary) << bytes << header;
-  std::string message = user_error([&] { SafetensorsFile::read(dir_ / "big.safetensors"); });
+  std::string message = user_error([&] { SafetensorsFile::open(dir_ / "big.safetensors"); });
   EXPECT_NE(message.find("big.safetensors: tensor 'x': shape check failed: the sizes [4611686018427387904, 4] "
                          "overflow a 64-bit byte count"), std::string::npos) << message;
 }

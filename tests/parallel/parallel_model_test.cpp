@@ -3,6 +3,7 @@
 // or kept), data parallel, the hybrid, tensor parallel and their combinations; tensor-parallel linears alone; and
 // the checkpoint helpers (full tensors out, shards back in on another mesh).
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/sharding/spec.hpp"
 
@@ -37,10 +38,27 @@ model::LlamaConfig tiny_config(bool tied = false) {
   return c;
 }
 
+constexpr uint64_t kSeed = 7;
+
+// The whole model, initialized on one device.
 std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false) {
   auto m = std::make_shared<model::LlamaForCausalLM>(tiny_config(tied));
-  model::initialize_parameters(*m, 7);
+  model::initialize_parameters(*m, kSeed);
   return m;
+}
+
+// A device's model on a mesh: built unwritten, each device initializing only its pieces.
+ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options = {}, bool tied = false) {
+  return ParallelModel(std::make_shared<model::LlamaForCausalLM>(tiny_config(tied)), ctx, options,
+                       model::initial_value_source(tiny_config(tied), kSeed));
+}
+
+// Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others).
+std::map<std::string, at::Tensor> whole_tensors_on_device_0(ParallelModel& pm, const std::vector<at::Tensor>& shard_buffers) {
+  std::map<std::string, at::Tensor> whole;
+  pm.assemble_whole_tensors(shard_buffers, [](size_t) { return 0; },
+                            [&](size_t, const std::string& name, const at::Tensor& t) { whole[name] = t; });
+  return whole;
 }
 
 // The same global batch [kRows, kSeq + 1] on every call.
@@ -85,7 +103,7 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false) {
   const Reference ref = single_device_reference(tied);
   std::mutex mutex;
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm(fresh_model(tied), ctx, ParallelOptions{reshard});
+    ParallelModel pm = sharded_model(ctx, ParallelOptions{reshard}, tied);
     const std::vector<Axis> batch_axes{Axis::data, Axis::fsdp};
     const int parts = mesh.size_along(batch_axes), part = mesh.index_along(ctx.device(), batch_axes);
     const at::Tensor rows = tokens_BT().chunk(parts, 0)[part];
@@ -96,13 +114,14 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false) {
     at::Tensor global_loss = loss.detach().clone().reshape({1});
     ctx.over(batch_axes).allreduce_sum(global_loss);
     const double norm = pm.gradient_norm();
-    std::map<std::string, at::Tensor> grads;
-    pm.for_each_full_tensor(pm.gradient_shards(), [&](const std::string& name, const at::Tensor& full) {
-      grads[name] = full;
-    });
+    std::map<std::string, at::Tensor> grads = whole_tensors_on_device_0(pm, pm.gradient_shards());
     std::lock_guard<std::mutex> lock(mutex);
     EXPECT_NEAR(global_loss.item<double>(), ref.loss, 1e-5) << "device " << ctx.device();
     EXPECT_NEAR(norm, ref.grad_norm, 1e-5 * ref.grad_norm) << "device " << ctx.device();
+    if (ctx.device() != 0) {
+      EXPECT_TRUE(grads.empty()) << "device " << ctx.device();
+      return;
+    }
     ASSERT_EQ(grads.size(), ref.grads.size());
     for (const auto& [name, g] : ref.grads) {
       ASSERT_TRUE(grads.count(name)) << name;
@@ -121,7 +140,7 @@ TEST(ParallelModelTest, OneDeviceMatchesTheModelWithoutCommunication) {
   const mesh::Mesh mesh = ici(1, 1, 1);
   expect_parity(mesh, true);
   runtime::DeviceContext ctx = runtime::make_single_device_context(mesh);
-  ParallelModel pm(fresh_model(), ctx, {});
+  ParallelModel pm = sharded_model(ctx);
   pm.forward(tokens_BT().narrow(1, 0, kSeq)).sum().backward();
   pm.finish_backward();
   pm.synchronize_gradients();
@@ -145,7 +164,7 @@ TEST(ParallelModelTest, FsdpShardsShrinkWithTheDegree) {
   std::mutex mutex;
   for (int fsdp : {1, 2, 4}) {
     expect_no_failures(run_on_all_devices(ici(1, fsdp, 1), [&](runtime::DeviceContext& ctx) {
-      ParallelModel pm(fresh_model(), ctx, {});
+      ParallelModel pm = sharded_model(ctx);
       int64_t n = 0;
       for (const at::Tensor& s : pm.parameter_shards()) n += s.numel();
       // No device may tear its fsdp group down while a peer is still connecting to it.
@@ -161,41 +180,53 @@ TEST(ParallelModelTest, FsdpShardsShrinkWithTheDegree) {
 }
 
 TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
-  // Full tensors out of fsdp=2 x tensor=2 (perturbed so they differ from a fresh init), shards back in on fsdp=4.
+  // Whole tensors out of fsdp=2 x tensor=2 (perturbed so they differ from a fresh init), shards back in on fsdp=4.
   std::map<std::string, at::Tensor> saved;
   std::mutex mutex;
   expect_no_failures(run_on_all_devices(ici(1, 2, 2), [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm(fresh_model(), ctx, {});
+    ParallelModel pm = sharded_model(ctx);
     for (at::Tensor& s : pm.parameter_shards()) s.mul_(1.5);
-    pm.for_each_full_tensor(pm.parameter_shards(), [&](const std::string& name, const at::Tensor& full) {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (ctx.device() == 0) saved[name] = full;
-    });
+    std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(pm, pm.parameter_shards());
+    std::lock_guard<std::mutex> lock(mutex);
+    if (ctx.device() == 0) saved = whole;
   }));
   auto expected = fresh_model();
   for (const auto& p : expected->named_parameters()) {
     ASSERT_TRUE(saved.count(p.key())) << p.key();
     EXPECT_TRUE(at::allclose(saved[p.key()], p.value() * 1.5)) << p.key();
   }
+  // Loaded on fsdp=4 and assembled again, each tensor on another device (i mod 4).
+  std::map<std::string, at::Tensor> reassembled;
+  std::vector<int64_t> sent_bytes(4);
   expect_no_failures(run_on_all_devices(ici(1, 4, 1), [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm(fresh_model(), ctx, {});
+    ParallelModel pm = sharded_model(ctx);
     std::vector<at::Tensor> shards = pm.parameter_shards();
-    pm.load_shards(shards, [&](const std::string& name) { return saved.at(name); });
-    pm.for_each_full_tensor(pm.parameter_shards(), [&](const std::string& name, const at::Tensor& full) {
-      EXPECT_TRUE(at::equal(full, saved.at(name))) << name;
-    });
+    pm.load_shards(shards, model::slices_of_whole_tensors([&](const std::string& name) { return saved.at(name); }));
+    pm.assemble_whole_tensors(pm.parameter_shards(), [](size_t i) { return static_cast<int>(i % 4); },
+                              [&](size_t, const std::string& name, const at::Tensor& whole) {
+                                std::lock_guard<std::mutex> lock(mutex);
+                                reassembled[name] = whole;
+                              });
+    sent_bytes[ctx.device()] = ctx.counters().bytes(runtime::Collective::point_to_point);
   }));
+  ASSERT_EQ(reassembled.size(), saved.size());
+  for (const auto& [name, whole] : saved) EXPECT_TRUE(at::equal(reassembled.at(name), whole)) << name;
+  // Each piece crossed the network once at most: the model's bytes, less the pieces each owner held itself.
+  const int64_t model_bytes = tiny_config().parameter_count() * static_cast<int64_t>(sizeof(float));
+  const int64_t total_sent = sent_bytes[0] + sent_bytes[1] + sent_bytes[2] + sent_bytes[3];
+  EXPECT_GT(total_sent, model_bytes / 2);
+  EXPECT_LT(total_sent, model_bytes);
 }
 
 TEST(ParallelModelTest, ExpertAxisIsRefusedWithTheReason) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 1, 1, 2), axis_sizes(1, 1, 1, 1), 1, 2);
-  const auto failures = run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) { ParallelModel pm(fresh_model(), ctx, {}); });
+  const auto failures = run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) { sharded_model(ctx); });
   for (const std::string& f : failures) EXPECT_NE(f.find("no experts"), std::string::npos) << f;
 }
 
 TEST(ParallelModelTest, TensorParallelNeedsDivisibleHeads) {
   const auto failures = run_on_all_devices(ici(1, 1, 4), [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm(fresh_model(), ctx, {});  // 2 key/value heads over 4 ranks
+    sharded_model(ctx);  // 2 key/value heads over 4 ranks
   });
   for (const std::string& f : failures) EXPECT_NE(f.find("num_key_value_heads (2)"), std::string::npos) << f;
 }

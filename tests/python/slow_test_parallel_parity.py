@@ -7,7 +7,9 @@ talking over loopback: fsdp=4; data=2 fsdp=2; fsdp=2 tensor=2; dcn data=2 x ici 
 print the same loss. The tolerance (2e-4 relative per step over 20 AdamW steps) is far below what a wrong scale,
 a dropped shard or a missing reduction gives (those are off from the first step by 1e-2 or more).
 """
+import json
 import os
+import re
 import tempfile
 import unittest
 
@@ -47,9 +49,25 @@ class ParallelParityTest(unittest.TestCase):
         self.assertEqual(sorted(per_host), list(range(hosts)), f"{name}: every host logs its loss\n{output[-3000:]}")
         for host in range(1, hosts):
             self.assertEqual(per_host[host], per_host[0], f"{name}: host {host} printed other losses than host 0")
+        return out, output
 
     def test_fsdp4(self):
-        self.check_layout("fsdp=4")
+        out, output = self.check_layout("fsdp=4")
+        # metrics.jsonl's comm_bytes: device 0's payload per collective kind in the step. With fsdp=4 and resharding,
+        # each unit's gradient (the whole unit, padded to a multiple of 4) is reduce-scattered once, and each device
+        # all-gathers its quarter of the root once and of every layer twice (forward, and again for backward).
+        layers, params = map(int, re.search(r"Training a Llama of (\d+) layers x \d+ hidden \((\d+) parameters\)",
+                                            output).groups())
+        units = layers + 1
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        for r in records:
+            sent = r["comm_bytes"]
+            self.assertEqual(sorted(sent), ["allgather", "allreduce", "alltoall", "broadcast", "reduce_scatter"])
+            self.assertTrue(4 * params <= sent["reduce_scatter"] <= 4 * (params + 3 * units), (r["step"], sent, params))
+            self.assertTrue(params < sent["allgather"] <= 2 * (params + 3 * units), (r["step"], sent, params))
+            self.assertTrue(0 < sent["allreduce"] < 1024, (r["step"], sent))
+            self.assertEqual(sent["alltoall"] + sent["broadcast"], 0, (r["step"], sent))
 
     def test_data2_fsdp2(self):
         self.check_layout("data=2 fsdp=2")

@@ -1,8 +1,12 @@
 // checksum.cpp — CRC-32C with a hardware path (x86 SSE4.2) chosen at run time and a portable table path.
 #include "meshtrain/common/checksum.hpp"
 
+#include "meshtrain/common/error.hpp"
+
 #include <array>
 #include <cstring>
+#include <fstream>
+#include <vector>
 
 namespace meshtrain {
 namespace {
@@ -53,6 +57,21 @@ uint32_t crc32c(const void* data, size_t size, uint32_t previous) {
   crc = crc32c_table(p, size, crc);
 #endif
   return ~crc;
+}
+
+FileChecksum file_crc32c(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  MT_USER_CHECK(in, "cannot open {}", path.string());
+  std::vector<char> buffer(4 << 20);
+  FileChecksum sum;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto got = static_cast<size_t>(in.gcount());
+    sum.crc32c = crc32c(buffer.data(), got, sum.crc32c);
+    sum.bytes += got;
+  }
+  MT_USER_CHECK(in.eof(), "reading {} failed", path.string());
+  return sum;
 }
 
 }  // namespace meshtrain

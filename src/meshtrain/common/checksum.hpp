@@ -6,9 +6,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 
 namespace meshtrain {
 
 uint32_t crc32c(const void* data, size_t size, uint32_t previous = 0);
+
+// The CRC-32C and size of a whole file, read in 4 MiB pieces (memory does not grow with the file). UserError naming
+// the file if it cannot be read.
+struct FileChecksum {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+FileChecksum file_crc32c(const std::filesystem::path& path);
 
 }  // namespace meshtrain

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -121,11 +122,6 @@ CheckpointFile write_hf_index(const fs::path& dir, const std::map<std::string, s
   return write_text_file(dir, kIndexFile, index.dump(2) + "\n");
 }
 
-CheckpointFile describe_checkpoint_file(const fs::path& dir, const std::string& name) {
-  const std::string bytes = read_text_file(dir / name);
-  return {name, bytes.size(), crc32c(bytes.data(), bytes.size())};
-}
-
 void begin_checkpoint_directory(const fs::path& dir) {
   fs::create_directories(dir);
   fs::remove(dir / kCompletionMarker);
@@ -191,8 +187,8 @@ void verify_checkpoint_files(const fs::path& dir) {
   for (const auto& [name, file] : marker) {
     MT_USER_CHECK(fs::exists(dir / name), "{}: the file is missing (listed in the completion marker)",
                   (dir / name).string());
-    std::string bytes = read_text_file(dir / name);
-    check_against_marker(marker, dir, name, bytes.size(), crc32c(bytes.data(), bytes.size()));
+    const FileChecksum sum = file_crc32c(dir / name);
+    check_against_marker(marker, dir, name, sum.bytes, sum.crc32c);
   }
 }
 
@@ -203,7 +199,7 @@ LlamaConfig read_hf_config(const fs::path& dir) {
   return LlamaConfig::from_hf_json(parse_json_file(path, read_text_file(path)), path.string());
 }
 
-void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
+CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaConfig& config, Verify verify) {
   const auto marker = read_marker(dir);
   const fs::path config_path = dir / kConfigFile;
   MT_USER_CHECK(fs::exists(config_path), "{} is not a checkpoint: it has no {}", dir.string(), kConfigFile);
@@ -215,7 +211,7 @@ void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
                 dir.string(), kCompletionMarker);
   check_against_marker(marker, dir, kConfigFile, config_text.size(), crc32c(config_text.data(), config_text.size()));
   const LlamaConfig stored = LlamaConfig::from_hf_json(config_json, config_path.string());
-  const nlohmann::json stored_arch = architecture_of(stored), model_arch = architecture_of(model.config());
+  const nlohmann::json stored_arch = architecture_of(stored), model_arch = architecture_of(config);
   for (const auto& [key, value] : model_arch.items())
     MT_USER_CHECK(stored_arch.contains(key) && stored_arch[key] == value,
                   "{}: {} is {} in the checkpoint but {} in the model", config_path.string(), key,
@@ -240,38 +236,99 @@ void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
     weight_files.insert(kSingleWeightsFile);
   }
 
-  torch::NoGradGuard no_grad;
-  auto params = model.named_parameters();
-  std::set<std::string> loaded;
+  // The parameters of the model the config describes (allocated, never written: no memory is touched).
+  std::map<std::string, std::vector<int64_t>> params;
+  for (const auto& named : LlamaForCausalLM(config).named_parameters()) params[named.key()] = named.value().sizes().vec();
+
+  CheckpointTensors tensors;
+  tensors.dir_ = dir;
+  tensors.files_.reserve(weight_files.size());
   for (const std::string& name : weight_files) {
     MT_USER_CHECK(fs::exists(dir / name), "{}: the weight file is missing", (dir / name).string());
-    SafetensorsFile file = SafetensorsFile::read(dir / name);
-    check_against_marker(marker, dir, name, file.file_size(), file.crc32c());
-    for (const SafetensorsEntry& e : file.entries()) {
+    if (verify == Verify::against_marker && !marker.empty()) {
+      const FileChecksum sum = file_crc32c(dir / name);
+      check_against_marker(marker, dir, name, sum.bytes, sum.crc32c);
+    }
+    tensors.files_.push_back(SafetensorsFile::open(dir / name));
+    const SafetensorsFile& file = tensors.files_.back();
+    for (size_t k = 0; k < file.entries().size(); ++k) {
+      const SafetensorsEntry& e = file.entries()[k];
       if (!file_of.empty()) {
         MT_USER_CHECK(file_of.count(e.name) && file_of[e.name] == name,
                       "{}: tensor '{}' is not mapped to this file by {}", (dir / name).string(), e.name, kIndexFile);
       }
-      torch::Tensor* param = params.find(e.name);
-      if (!param) {
+      auto param = params.find(e.name);
+      if (param == params.end()) {
         // Tensors HF may store that the model derives: the rotary table, a tied head.
         const std::string rotary_buffer = "rotary_emb.inv_freq";
         const bool derived = e.name.size() >= rotary_buffer.size() &&
                              e.name.compare(e.name.size() - rotary_buffer.size(), rotary_buffer.size(), rotary_buffer) == 0;
-        const bool tied_head = e.name == "lm_head.weight" && model.config().tie_word_embeddings;
+        const bool tied_head = e.name == "lm_head.weight" && config.tie_word_embeddings;
         MT_USER_CHECK(derived || tied_head, "{}: tensor '{}' is not a parameter of the model", (dir / name).string(),
                       e.name);
         continue;
       }
-      MT_USER_CHECK(param->sizes().vec() == e.shape, "{}: tensor '{}' has shape {} but the model's is {}",
-                    (dir / name).string(), e.name, c10::str(c10::IntArrayRef(e.shape)), c10::str(param->sizes()));
-      param->copy_(file.tensor(e.name));
-      loaded.insert(e.name);
+      MT_USER_CHECK(param->second == e.shape, "{}: tensor '{}' has shape {} but the model's is {}",
+                    (dir / name).string(), e.name, c10::str(c10::IntArrayRef(e.shape)),
+                    c10::str(c10::IntArrayRef(param->second)));
+      tensors.where_[e.name] = {tensors.files_.size() - 1, k};
     }
   }
-  for (const auto& named : params)
-    MT_USER_CHECK(loaded.count(named.key()), "{}: parameter '{}' is not in the checkpoint", dir.string(), named.key());
-  log::info("loaded checkpoint {} ({} tensors)", dir.string(), loaded.size());
+  for (const auto& [name, shape] : params)
+    MT_USER_CHECK(tensors.contains(name), "{}: parameter '{}' is not in the checkpoint", dir.string(), name);
+  return tensors;
+}
+
+CheckpointTensors CheckpointTensors::files_starting_with(const fs::path& dir, const std::string& file_prefix) {
+  std::vector<fs::path> paths;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(file_prefix, 0) == 0 && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+  }
+  std::sort(paths.begin(), paths.end());
+  CheckpointTensors tensors;
+  tensors.dir_ = dir;
+  tensors.files_.reserve(paths.size());
+  for (const fs::path& path : paths) {
+    tensors.files_.push_back(SafetensorsFile::open(path));
+    const std::vector<SafetensorsEntry>& entries = tensors.files_.back().entries();
+    for (size_t k = 0; k < entries.size(); ++k) {
+      MT_USER_CHECK(!tensors.contains(entries[k].name), "{}: tensor '{}' is stored twice", path.string(),
+                    entries[k].name);
+      tensors.where_[entries[k].name] = {tensors.files_.size() - 1, k};
+    }
+  }
+  return tensors;
+}
+
+at::Tensor CheckpointTensors::read(const ParameterSlice& slice, const std::string& suffix) const {
+  const std::string name = slice.name + suffix;
+  auto it = where_.find(name);
+  MT_USER_CHECK(it != where_.end(), "{}: the checkpoint has no tensor '{}'", dir_.string(), name);
+  const SafetensorsFile& file = files_[it->second.first];
+  const SafetensorsEntry& e = file.entries()[it->second.second];
+  MT_USER_CHECK(e.shape == slice.full_shape, "{}: tensor '{}' has shape {}, expected {}", file.path().string(), name,
+                c10::str(c10::IntArrayRef(e.shape)), c10::str(c10::IntArrayRef(slice.full_shape)));
+  at::Tensor out = at::empty({slice.numel()}, at::kFloat);
+  slice.for_each_run([&](int64_t whole_index, int64_t count, int64_t offset) {
+    out.narrow(0, offset, count).copy_(file.read_elements(e, whole_index, count));
+  });
+  return out;
+}
+
+SliceSource CheckpointTensors::source(const std::string& suffix) const {
+  return [this, suffix](const ParameterSlice& slice) { return read(slice, suffix); };
+}
+
+void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
+  const CheckpointTensors tensors = CheckpointTensors::weights(dir, model.config(), CheckpointTensors::Verify::against_marker);
+  torch::NoGradGuard no_grad;
+  auto params = model.named_parameters();
+  for (auto& named : params) {
+    at::Tensor& p = named.value();
+    p.copy_(tensors.read(ParameterSlice::whole(named.key(), p.sizes().vec())).view(p.sizes()));
+  }
+  log::info("loaded checkpoint {} ({} tensors)", dir.string(), params.size());
 }
 
 }  // namespace meshtrain::model

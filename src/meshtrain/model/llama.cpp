@@ -4,6 +4,7 @@
 #include "meshtrain/model/llama.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/parameter_init.hpp"
 
 #include <cmath>
 
@@ -18,6 +19,12 @@ torch::Tensor DenseLinear::forward(const torch::Tensor& x_NI) {
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({dim})); }
+
+Embedding::Embedding(int64_t vocab_size, int64_t hidden_size) {
+  weight = register_parameter("weight", torch::empty({vocab_size, hidden_size}));
+}
+
+torch::Tensor Embedding::forward(const torch::Tensor& tokens_BT) { return torch::embedding(weight, tokens_BT); }
 
 torch::Tensor RMSNorm::forward(const torch::Tensor& x_BTD) {
   torch::Tensor x32_BTD = x_BTD.to(torch::kFloat32);
@@ -129,7 +136,7 @@ torch::Tensor LlamaDecoderLayer::forward(const torch::Tensor& x_BTD, const RopeT
 }
 
 LlamaModel::LlamaModel(const LlamaConfig& config) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+  embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(config.vocab_size, config.hidden_size));
   layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers.push_back(std::make_shared<LlamaDecoderLayer>(config));
@@ -227,14 +234,10 @@ void LlamaForCausalLM::replace_linear(const std::string& name, std::shared_ptr<L
 
 void initialize_parameters(LlamaForCausalLM& model, uint64_t seed) {
   torch::NoGradGuard no_grad;
-  at::Generator generator = at::detail::createCPUGenerator(seed);
-  const double std = model.config().initializer_range;
   for (auto& named : model.named_parameters()) {
     torch::Tensor& p = named.value();
-    if (p.dim() == 1)
-      p.fill_(1.0);  // RMSNorm weights
-    else
-      p.normal_(0.0, std, generator);
+    const ParameterSlice whole = ParameterSlice::whole(named.key(), p.sizes().vec());
+    p.copy_(initial_values(model.config(), seed, whole).view(p.sizes()));
   }
 }
 

@@ -103,16 +103,26 @@ class LlamaDecoderLayer : public torch::nn::Module {
 using LayerRunner =
     std::function<torch::Tensor(int64_t index, LlamaDecoderLayer& layer, const torch::Tensor& x_BTD, const RopeTables&)>;
 
+// The token embedding table [V, D] as "weight" (allocated, not written: see LlamaForCausalLM).
+class Embedding : public torch::nn::Module {
+ public:
+  Embedding(int64_t vocab_size, int64_t hidden_size);
+  torch::Tensor forward(const torch::Tensor& tokens_BT);  // [B, T, D]
+  torch::Tensor weight;  // [V, D]
+};
+
 // HF's LlamaModel: embedding, decoder layers, final norm (registered as "model" in LlamaForCausalLM).
 class LlamaModel : public torch::nn::Module {
  public:
   explicit LlamaModel(const LlamaConfig& config);
-  torch::nn::Embedding embed_tokens{nullptr};
+  std::shared_ptr<Embedding> embed_tokens;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;  // the children of layer_list, typed
   torch::nn::ModuleList layer_list{nullptr};              // registered as "layers": names "layers.<i>"
   std::shared_ptr<RMSNorm> norm;
 };
 
+// Construction allocates every parameter without writing it (untouched pages cost no memory): the values come from
+// initialize_parameters, a checkpoint, or a parallelizer that keeps only its pieces (parallel/parallel_model.hpp).
 class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
  public:
   explicit LlamaForCausalLM(const LlamaConfig& config);
@@ -145,8 +155,7 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   RopeTables rope_cache_;  // for the longest T seen so far, in compute_dtype_
 };
 
-// Fills every parameter as Hugging Face initializes a LlamaForCausalLM (projections and embedding ~ N(0, range^2),
-// norms = 1), from its own generator seeded with `seed` (the global torch RNG is untouched).
+// Fills every parameter with its initial values (model/parameter_init.hpp: the values any mesh initializes).
 void initialize_parameters(LlamaForCausalLM& model, uint64_t seed);
 
 // Mean cross entropy of targets [B, T] under logits [B, T, V] (for next-token training: inputs = tokens[:, :-1],

@@ -1,14 +1,17 @@
 // safetensors.cpp — the safetensors writer and the validating reader.
 #include "meshtrain/model/safetensors.hpp"
 
-#include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace meshtrain::model {
 namespace {
@@ -52,58 +55,80 @@ torch::Dtype safetensors_dtype(const std::string& name, const std::string& conte
   throw UserError(fmt::format("{}: unsupported safetensors dtype '{}'", context, name));
 }
 
-void write_safetensors(AtomicFileWriter& out, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsStreamWriter::SafetensorsStreamWriter(AtomicFileWriter& out, std::vector<SafetensorsEntry> entries,
+                                                 const std::map<std::string, std::string>& metadata)
+    : out_(out), entries_(std::move(entries)) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<torch::Tensor> contiguous;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    MT_CHECK(tensor.device().is_cpu(), "safetensors: tensor {} is not on the CPU", name);
-    MT_CHECK(!header.contains(name), "safetensors: tensor name {} given twice", name);
-    contiguous.push_back(tensor.contiguous());
-    const uint64_t nbytes = contiguous.back().nbytes();
-    header[name] = {{"dtype", safetensors_dtype_name(tensor.scalar_type())},
-                    {"shape", tensor.sizes().vec()},
-                    {"data_offsets", {offset, offset + nbytes}}};
-    offset += nbytes;
+  for (SafetensorsEntry& e : entries_) {
+    MT_CHECK(!header.contains(e.name), "safetensors: tensor name {} given twice", e.name);
+    e.begin = offset;
+    e.end = offset + nbytes_of(e.dtype, e.shape, e.name);
+    offset = e.end;
+    header[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  out.write(length, 8);
-  out.write(text.data(), text.size());
-  for (const torch::Tensor& t : contiguous) out.write(t.data_ptr(), t.nbytes());
+  out_.write(length, 8);
+  out_.write(text.data(), text.size());
 }
 
-SafetensorsFile SafetensorsFile::read(const std::filesystem::path& path) {
+void SafetensorsStreamWriter::write_next(const torch::Tensor& tensor) {
+  MT_CHECK(next_ < entries_.size(), "safetensors: {} tensors announced, a {}th written", entries_.size(), next_ + 1);
+  const SafetensorsEntry& e = entries_[next_++];
+  MT_CHECK(tensor.device().is_cpu() && tensor.scalar_type() == e.dtype && tensor.sizes().vec() == e.shape,
+           "safetensors: tensor {} is {} {} on {}, announced as {} {}", e.name, c10::toString(tensor.scalar_type()),
+           c10::str(tensor.sizes()), c10::str(tensor.device()), c10::toString(e.dtype),
+           c10::str(c10::IntArrayRef(e.shape)));
+  const torch::Tensor contiguous = tensor.contiguous();
+  out_.write(contiguous.data_ptr(), contiguous.nbytes());
+}
+
+void SafetensorsStreamWriter::finish() const {
+  MT_CHECK(next_ == entries_.size(), "safetensors: {} of {} announced tensors written", next_, entries_.size());
+}
+
+void write_safetensors(AtomicFileWriter& out, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, tensor] : tensors) entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  SafetensorsStreamWriter writer(out, std::move(entries), metadata);
+  for (const auto& [name, tensor] : tensors) writer.write_next(tensor);
+  writer.finish();
+}
+
+SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile file;
   file.path_ = path;
   const std::string where = path.string();
-  {
-    std::ifstream in(path, std::ios::binary);
-    MT_USER_CHECK(in, "cannot open {}", where);
-    in.seekg(0, std::ios::end);
-    file.bytes_.resize(static_cast<size_t>(in.tellg()));
-    in.seekg(0);
-    in.read(file.bytes_.data(), static_cast<std::streamsize>(file.bytes_.size()));
-    MT_USER_CHECK(in, "reading {} failed", where);
-  }
-  file.crc32c_ = meshtrain::crc32c(file.bytes_.data(), file.bytes_.size());
-  const uint64_t size = file.bytes_.size();
+  const int fd = ::open(where.c_str(), O_RDONLY | O_CLOEXEC);
+  MT_USER_CHECK(fd >= 0, "cannot open {}: {}", where, std::strerror(errno));
+  file.fd_ = std::shared_ptr<int>(new int(fd), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+  struct stat info {};
+  MT_USER_CHECK(::fstat(fd, &info) == 0, "cannot stat {}: {}", where, std::strerror(errno));
+  const uint64_t size = file.file_size_ = static_cast<uint64_t>(info.st_size);
   MT_USER_CHECK(size >= 8, "{}: the file is {} bytes, too short for the 8-byte header length", where, size);
+  uint8_t length[8];
+  file.read_bytes(0, 8, length);
   uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(static_cast<uint8_t>(file.bytes_[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(length[i]) << (8 * i);
   MT_USER_CHECK(header_len <= kMaxHeaderBytes && 8 + header_len <= size,
                 "{}: header length {} does not fit in the file of {} bytes (damaged or not safetensors)", where,
                 header_len, size);
   file.data_start_ = 8 + header_len;
   const uint64_t data_size = size - file.data_start_;
+  std::string header_text(header_len, '\0');
+  file.read_bytes(8, header_len, header_text.data());
 
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(file.bytes_.begin() + 8, file.bytes_.begin() + static_cast<long>(8 + header_len));
+    header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& e) {
     throw UserError(fmt::format("{}: the header is not valid JSON: {}", where, e.what()));
   }
@@ -168,11 +193,33 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   return entries_[it->second];
 }
 
+void SafetensorsFile::read_bytes(uint64_t offset, uint64_t size, void* out) const {
+  auto* dest = static_cast<char*>(out);
+  while (size > 0) {
+    const ssize_t got = ::pread(*fd_, dest, std::min<uint64_t>(size, 1ull << 30), static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    MT_USER_CHECK(got > 0, "{}: reading {} bytes at offset {} failed: {}", path_.string(), size, offset,
+                  got == 0 ? "the file is shorter than when it was opened" : std::strerror(errno));
+    dest += got;
+    offset += static_cast<uint64_t>(got);
+    size -= static_cast<uint64_t>(got);
+  }
+}
+
 torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
-  // An empty tensor has no storage (data_ptr() is null), and memcpy with a null pointer is undefined even for 0 bytes.
-  if (e.end > e.begin) std::memcpy(t.data_ptr(), bytes_.data() + data_start_ + e.begin, e.end - e.begin);
+  int64_t numel = 1;
+  for (int64_t d : e.shape) numel *= d;
+  return read_elements(e, 0, numel).view(e.shape);
+}
+
+torch::Tensor SafetensorsFile::read_elements(const SafetensorsEntry& e, int64_t first, int64_t count) const {
+  const uint64_t element = c10::elementSize(e.dtype);
+  MT_CHECK(first >= 0 && count >= 0 && (static_cast<uint64_t>(first + count)) * element <= e.end - e.begin,
+           "{}: elements [{}, {}) are outside tensor '{}'", path_.string(), first, first + count, e.name);
+  torch::Tensor t = torch::empty({count}, torch::TensorOptions().dtype(e.dtype));
+  // An empty tensor has no storage (data_ptr() is null): nothing to read.
+  if (count > 0) read_bytes(data_start_ + e.begin + static_cast<uint64_t>(first) * element, count * element, t.data_ptr());
   return t;
 }
 

@@ -4,7 +4,8 @@
 //   header: {"<name>": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ..., "__metadata__": {..}}
 //
 // Offsets are relative to the start of the data; the tensors must tile the data exactly (no gaps, no overlap).
-// The reader checks all of that up front and names the file and the failed check in its UserError.
+// The reader checks all of that up front and names the file and the failed check in its UserError. The file's
+// checksum is the completion marker's business (hf_checkpoint.hpp), computed while writing.
 #pragma once
 
 #include "meshtrain/common/atomic_file.hpp"
@@ -13,15 +14,12 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace meshtrain::model {
-
-// Writes `tensors` (CPU; any dtype with a safetensors name) in the given order, then the metadata strings.
-void write_safetensors(AtomicFileWriter& out, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
 
 struct SafetensorsEntry {
   std::string name;
@@ -30,28 +28,55 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;  // byte range within the data section
 };
 
-// A safetensors file read whole into memory and validated.
+// A safetensors file written one tensor at a time: the header (every entry's name, dtype and shape, in order) first,
+// then each tensor's bytes in that order, so the writer never needs more than one tensor in memory.
+class SafetensorsStreamWriter {
+ public:
+  // Writes the header; the entries' byte ranges are assigned here (begin/end are ignored).
+  SafetensorsStreamWriter(AtomicFileWriter& out, std::vector<SafetensorsEntry> entries,
+                          const std::map<std::string, std::string>& metadata = {});
+  // The next entry's tensor (CPU, its dtype and shape).
+  void write_next(const torch::Tensor& tensor);
+  // Error unless every entry was written.
+  void finish() const;
+
+ private:
+  AtomicFileWriter& out_;
+  std::vector<SafetensorsEntry> entries_;
+  size_t next_ = 0;
+};
+
+// Writes `tensors` (CPU; any dtype with a safetensors name) in the given order, then the metadata strings.
+void write_safetensors(AtomicFileWriter& out, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// A safetensors file opened for reading: the header is read and validated up front (the data not at all), and
+// tensors, or ranges of their elements, are read from the file when asked (pread), so a reader holds only what
+// it asked for.
 class SafetensorsFile {
  public:
-  static SafetensorsFile read(const std::filesystem::path& path);
+  static SafetensorsFile open(const std::filesystem::path& path);
 
   const std::filesystem::path& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const SafetensorsEntry& entry(const std::string& name) const;  // UserError naming the file if absent
-  torch::Tensor tensor(const std::string& name) const;            // a fresh CPU tensor (a copy of the bytes)
-  uint32_t crc32c() const { return crc32c_; }                     // of the whole file
-  uint64_t file_size() const { return bytes_.size(); }
+  torch::Tensor tensor(const std::string& name) const;            // a fresh CPU tensor of its dtype and shape
+  // Elements [first, first + count) of `entry` in row-major order, as a fresh 1-D tensor of the entry's dtype.
+  torch::Tensor read_elements(const SafetensorsEntry& entry, int64_t first, int64_t count) const;
+  uint64_t file_size() const { return file_size_; }
 
  private:
+  void read_bytes(uint64_t offset, uint64_t size, void* out) const;
+
   std::filesystem::path path_;
-  std::string bytes_;
+  std::shared_ptr<int> fd_;  // closed with the last copy
+  uint64_t file_size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;
-  uint32_t crc32c_ = 0;
 };
 
 // "F32", "BF16", ... for a torch dtype, and back; UserError for one safetensors cannot hold.

@@ -8,26 +8,27 @@
 
 namespace meshtrain::parallel {
 
-FsdpUnit::FsdpUnit(std::string label, const std::vector<std::pair<std::string, at::Tensor>>& params,
-                   runtime::Comm& fsdp_comm)
+FsdpUnit::FsdpUnit(std::string label, const std::vector<Parameter>& params, runtime::Comm& fsdp_comm,
+                   const model::SliceSource& values)
     : label_(std::move(label)), comm_(fsdp_comm) {
-  for (const auto& [name, param] : params) {
+  for (const Parameter& p : params) {
     Member m;
-    m.name = name;
-    m.param = param;
-    m.shape = param.sizes().vec();
+    m.name = p.name;
+    m.param = p.param;
+    m.shape = p.param.sizes().vec();
     m.offset = numel_;
-    m.numel = param.numel();
-    m.split = tensor_split_of(name);
+    m.numel = p.param.numel();
+    m.split = tensor_split_of(p.name);
+    m.block = p.block;
+    MT_CHECK(m.block.block_numel() == m.numel, "unit {}: {} holds {} elements but its block has {}", label_, m.name,
+             m.numel, m.block.block_numel());
     numel_ += m.numel;
     members_.push_back(std::move(m));
   }
   const int n = comm_.size();
   padded_numel_ = (numel_ + n - 1) / n * n;
   shard_ = at::empty({padded_numel_ / n}, at::kFloat);
-  std::vector<at::Tensor> values;
-  for (const Member& m : members_) values.push_back(m.param.detach());
-  load_shard(shard_, values);
+  fill_shard(shard_, values);
   grad_shard_ = at::zeros_like(shard_);
   torch::NoGradGuard no_grad;
   if (n == 1) {
@@ -98,20 +99,19 @@ std::vector<at::Tensor> FsdpUnit::unflatten(const at::Tensor& shard_buffer) {
   return values;
 }
 
-void FsdpUnit::load_shard(at::Tensor& shard_buffer, const std::vector<at::Tensor>& member_values) const {
-  MT_CHECK(member_values.size() == members_.size(), "unit {}: {} values for {} parameters", label_,
-           member_values.size(), members_.size());
+void FsdpUnit::fill_shard(at::Tensor& shard_buffer, const model::SliceSource& values) const {
   const int64_t shard_numel = padded_numel_ / comm_.size();
   const int64_t begin = comm_.rank() * shard_numel, end = begin + shard_numel;
+  MT_CHECK(shard_buffer.numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}", label_,
+           shard_buffer.numel(), shard_numel);
   shard_buffer.zero_();
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const Member& m = members_[i];
-    MT_CHECK(member_values[i].sizes().vec() == m.shape, "unit {}: {} has shape {}, expected {}", label_, m.name,
-             c10::str(member_values[i].sizes()), c10::str(c10::IntArrayRef(m.shape)));
+  for (const Member& m : members_) {
     const int64_t lo = std::max(begin, m.offset), hi = std::min(end, m.offset + m.numel);
     if (lo >= hi) continue;
-    shard_buffer.narrow(0, lo - begin, hi - lo)
-        .copy_(member_values[i].reshape({-1}).narrow(0, lo - m.offset, hi - lo).to(at::kFloat));
+    const model::ParameterSlice slice = m.block.range(lo - m.offset, hi - m.offset);
+    const at::Tensor piece = values(slice);
+    MT_CHECK(piece.numel() == slice.numel(), "unit {}: {} values for {}", label_, piece.numel(), slice.describe());
+    shard_buffer.narrow(0, lo - begin, hi - lo).copy_(piece.reshape({-1}));
   }
 }
 

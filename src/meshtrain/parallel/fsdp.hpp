@@ -29,15 +29,23 @@ class FsdpUnit {
  public:
   struct Member {
     std::string name;  // Hugging Face name
-    at::Tensor param;  // the module's parameter (shares its TensorImpl)
+    at::Tensor param;  // the module's parameter (shares its TensorImpl); its (tensor-local) shape
     std::vector<int64_t> shape;
     int64_t offset = 0;  // in the full flat buffer
     int64_t numel = 0;
     TensorSplit split = TensorSplit::none;  // over `tensor`
+    model::ParameterSlice block;             // the part of the whole parameter `param` is (its tensor block)
+  };
+  struct Parameter {
+    std::string name;
+    at::Tensor param;
+    model::ParameterSlice block;
   };
 
-  // Takes the parameters' current values as the unit's content; keeps this rank's shard.
-  FsdpUnit(std::string label, const std::vector<std::pair<std::string, at::Tensor>>& params, runtime::Comm& fsdp_comm);
+  // Fills this rank's shard from `values` (only the pieces of each parameter the shard holds are asked for); the
+  // parameters' own storage is released without being read.
+  FsdpUnit(std::string label, const std::vector<Parameter>& params, runtime::Comm& fsdp_comm,
+           const model::SliceSource& values);
 
   const std::string& label() const { return label_; }
   const std::vector<Member>& members() const { return members_; }
@@ -58,8 +66,9 @@ class FsdpUnit {
   // Every member's full (tensor-local) value from a shard-shaped buffer: the parameters from shard(), optimizer
   // moments from theirs. An all-gather over fsdp (none when n = 1).
   std::vector<at::Tensor> unflatten(const at::Tensor& shard_buffer);
-  // Writes this rank's shard of the members' full (tensor-local) values into `shard_buffer`. No communication.
-  void load_shard(at::Tensor& shard_buffer, const std::vector<at::Tensor>& member_values) const;
+  // Writes this rank's shard of the members' values into `shard_buffer`, asking `values` for each member's piece in
+  // the shard. No communication.
+  void fill_shard(at::Tensor& shard_buffer, const model::SliceSource& values) const;
 
   // Sums of squares of grad_shard() over the members split over `tensor` and over the others.
   std::pair<double, double> grad_square_sums() const;

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 
 namespace meshtrain::parallel {
 namespace {
@@ -47,7 +48,7 @@ std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_ca
 }  // namespace
 
 ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx,
-                             ParallelOptions options)
+                             ParallelOptions options, const model::SliceSource& values)
     : model_(checked_for_mesh(std::move(model), ctx.mesh())),
       ctx_(ctx),
       options_(options),
@@ -57,21 +58,24 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
   apply_tensor_parallel(*model_, tensor_comm_);
 
   const int64_t num_layers = model_->config().num_hidden_layers;
-  std::vector<std::pair<std::string, at::Tensor>> root_params;
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> layer_params(num_layers);
+  std::vector<FsdpUnit::Parameter> root_params;
+  std::vector<std::vector<FsdpUnit::Parameter>> layer_params(num_layers);
   const std::string layer_prefix = "model.layers.";
   for (const auto& named : model_->named_parameters()) {
     const std::string& name = named.key();
-    if (name.compare(0, layer_prefix.size(), layer_prefix) == 0) {
-      const int64_t index = std::stoll(name.substr(layer_prefix.size()));
-      layer_params.at(index).emplace_back(name, named.value());
-    } else {
-      root_params.emplace_back(name, named.value());
-    }
+    const TensorSplit split = tensor_split_of(name);
+    const std::vector<int64_t> whole = whole_shape(named.value().sizes().vec(), split, tensor_comm_.size());
+    FsdpUnit::Parameter p{name, named.value(),
+                          tensor_block_slice(name, whole, split, tensor_comm_.rank(), tensor_comm_.size())};
+    if (name.compare(0, layer_prefix.size(), layer_prefix) == 0)
+      layer_params.at(std::stoll(name.substr(layer_prefix.size()))).push_back(std::move(p));
+    else
+      root_params.push_back(std::move(p));
   }
-  root_ = std::make_unique<FsdpUnit>("root", root_params, fsdp_comm_);
+  root_ = std::make_unique<FsdpUnit>("root", root_params, fsdp_comm_, values);
   for (int64_t i = 0; i < num_layers; ++i)
-    layers_.push_back(std::make_unique<FsdpUnit>(layer_prefix + std::to_string(i), layer_params[i], fsdp_comm_));
+    layers_.push_back(
+        std::make_unique<FsdpUnit>(layer_prefix + std::to_string(i), layer_params[i], fsdp_comm_, values));
   model_->set_layer_runner([this](int64_t index, model::LlamaDecoderLayer& layer, const torch::Tensor& x_BTD,
                                   const model::RopeTables& rope) { return run_layer(index, layer, x_BTD, rope); });
 }
@@ -148,31 +152,87 @@ std::vector<at::Tensor> ParallelModel::gradient_shards() {
   return grads;
 }
 
-void ParallelModel::for_each_full_tensor(const std::vector<at::Tensor>& shard_buffers,
-                                         const std::function<void(const std::string&, const at::Tensor&)>& fn) {
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::whole_parameter_shapes() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (size_t u = 0; u <= layers_.size(); ++u)
+    for (const FsdpUnit::Member& m : (u == 0 ? *root_ : *layers_[u - 1]).members())
+      shapes.emplace_back(m.name, m.block.full_shape);
+  return shapes;
+}
+
+void ParallelModel::assemble_whole_tensors(
+    const std::vector<at::Tensor>& shard_buffers, const std::function<int(size_t)>& owner,
+    const std::function<void(size_t, const std::string&, const at::Tensor&)>& fn) {
   MT_CHECK(shard_buffers.size() == layers_.size() + 1, "{} shard buffers for {} units", shard_buffers.size(),
            layers_.size() + 1);
+  runtime::Comm& world = ctx_.world();
+  const mesh::Mesh& mesh = ctx_.mesh();
+  const std::vector<mesh::Axis> all_axes(mesh::kAllAxes.begin(), mesh::kAllAxes.end());
+  const int fsdp_size = fsdp_comm_.size(), tensor_size = tensor_comm_.size();
+  // The world rank of the device of data replica 0 at (fsdp f, tensor t): it holds shard f of tensor block t.
+  mesh::Coords coords = ctx_.info().coords;
+  for (mesh::Axis a : {mesh::Axis::data, mesh::Axis::expert}) coords[static_cast<int>(a)] = 0;
+  auto holder = [&](int f, int t) {
+    mesh::Coords c = coords;
+    c[static_cast<int>(mesh::Axis::fsdp)] = f;
+    c[static_cast<int>(mesh::Axis::tensor)] = t;
+    return mesh.index_along(mesh.device_at(c), all_axes);
+  };
+  const int me = world.rank();
+
+  size_t index = 0;
   for (size_t u = 0; u < shard_buffers.size(); ++u) {
-    FsdpUnit& unit = u == 0 ? *root_ : *layers_[u - 1];
-    const std::vector<at::Tensor> values = unit.unflatten(shard_buffers[u]);
-    for (size_t i = 0; i < values.size(); ++i) {
-      const FsdpUnit::Member& m = unit.members()[i];
-      fn(m.name, gather_tensor_blocks(values[i], m.split, tensor_comm_));
+    const FsdpUnit& unit = u == 0 ? *root_ : *layers_[u - 1];
+    const int64_t shard_numel = unit.padded_numel() / fsdp_size;
+    MT_CHECK(shard_buffers[u].numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}",
+             unit.label(), shard_buffers[u].numel(), shard_numel);
+    for (const FsdpUnit::Member& m : unit.members()) {
+      const int dest = owner(index);
+      // The piece of this member in shard f of block t, as a slice of the whole parameter.
+      auto piece = [&](int f, int t) -> std::optional<std::pair<model::ParameterSlice, int64_t>> {
+        const int64_t lo = std::max(f * shard_numel, m.offset), hi = std::min((f + 1) * shard_numel, m.offset + m.numel);
+        if (lo >= hi) return std::nullopt;
+        const model::ParameterSlice block = tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size);
+        return std::make_pair(block.range(lo - m.offset, hi - m.offset), lo - f * shard_numel);
+      };
+      std::vector<std::pair<int, at::Tensor>> sends, receives;
+      std::vector<std::pair<model::ParameterSlice, at::Tensor>> pieces;  // on the owner
+      for (int f = 0; f < fsdp_size; ++f)
+        for (int t = 0; t < tensor_size; ++t) {
+          const auto p = piece(f, t);
+          if (!p) continue;
+          const int source = holder(f, t);
+          if (source == me) {
+            const at::Tensor mine = shard_buffers[u].narrow(0, p->second, p->first.numel()).contiguous();
+            if (dest == me)
+              pieces.emplace_back(p->first, mine);
+            else
+              sends.emplace_back(dest, mine);
+          } else if (dest == me) {
+            at::Tensor buffer = at::empty({p->first.numel()}, at::kFloat);
+            receives.emplace_back(source, buffer);
+            pieces.emplace_back(p->first, buffer);
+          }
+        }
+      if (!sends.empty() || !receives.empty()) world.exchange(sends, receives, static_cast<int>(index));
+      if (dest == me) {
+        at::Tensor whole = at::empty(m.block.full_shape, at::kFloat);
+        at::Tensor whole_flat = whole.view({-1});
+        for (const auto& [slice, values] : pieces)
+          slice.for_each_run([&, &values = values](int64_t whole_index, int64_t count, int64_t offset) {
+            whole_flat.narrow(0, whole_index, count).copy_(values.narrow(0, offset, count));
+          });
+        fn(index, m.name, whole);
+      }
+      ++index;
     }
   }
 }
 
-void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers,
-                                const std::function<at::Tensor(const std::string&)>& full_of) {
+void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers, const model::SliceSource& values) {
   MT_CHECK(shard_buffers.size() == layers_.size() + 1, "{} shard buffers for {} units", shard_buffers.size(),
            layers_.size() + 1);
-  torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < shard_buffers.size(); ++u) {
-    FsdpUnit& unit = u == 0 ? *root_ : *layers_[u - 1];
-    std::vector<at::Tensor> values;
-    for (const FsdpUnit::Member& m : unit.members()) values.push_back(tensor_block(full_of(m.name), m.split, tensor_comm_));
-    unit.load_shard(shard_buffers[u], values);
-  }
+  for (size_t u = 0; u < shard_buffers.size(); ++u) (u == 0 ? *root_ : *layers_[u - 1]).fill_shard(shard_buffers[u], values);
 }
 
 std::string ParallelModel::memory_summary() const {

@@ -1,8 +1,10 @@
 // parallel_model.hpp — a single-device Llama made SPMD over the mesh from outside: tensor parallelism over
 // `tensor`, FSDP over `fsdp`, data parallelism over `data` (with fsdp > 1 too: the hybrid layout).
 //
-// Every device builds the same full model (same seed, or loaded from the same checkpoint) and hands it here; the
-// device keeps its tensor-parallel block of each projection and its FSDP shard of every unit. Where it communicates:
+// Every device builds the same model, its parameters allocated but never written, and hands it here with where the
+// values come from (the initializer, a checkpoint): the device asks that source for its tensor-parallel block of
+// each projection and its FSDP shard of every unit, and nothing else, so no device ever holds the whole model.
+// Where it communicates:
 //   forward          all-gather of each unit's shards over fsdp (the root unit once, each layer before it runs, the
 //                    next layer's started while the current one computes; in backward, the previous layer's);
 //                    tensor-parallel all-reduces inside attention and MLP
@@ -30,8 +32,10 @@ struct ParallelOptions {
 
 class ParallelModel {
  public:
-  // UserError if the mesh has expert > 1 (the Llama models have no experts to place).
-  ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx, ParallelOptions options);
+  // `values`: the parameters' values, asked for this device's pieces only. UserError if the mesh has expert > 1 (the
+  // Llama models have no experts to place) or the layout does not divide the model.
+  ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx, ParallelOptions options,
+                const model::SliceSource& values);
 
   model::LlamaForCausalLM& model() { return *model_; }
 
@@ -49,14 +53,18 @@ class ParallelModel {
   std::vector<at::Tensor> parameter_shards();
   std::vector<at::Tensor> gradient_shards();
 
-  // The full Hugging Face tensor of every parameter from shard-shaped buffers (parameter_shards() itself, or
-  // optimizer moments laid out like them), unit by unit: `fn(name, full)`. Collective over fsdp and tensor.
-  void for_each_full_tensor(const std::vector<at::Tensor>& shard_buffers,
-                            const std::function<void(const std::string&, const at::Tensor&)>& fn);
-  // Fills shard-shaped buffers from full Hugging Face tensors, `full_of(name)`: this device's tensor block and
-  // FSDP shard of each. No communication (a checkpoint of any mesh loads on any other).
-  void load_shards(std::vector<at::Tensor>& shard_buffers,
-                   const std::function<at::Tensor(const std::string&)>& full_of);
+  // Assembles the whole Hugging Face tensor of every parameter from shard-shaped buffers (parameter_shards() itself,
+  // or optimizer moments laid out like them), parameter by parameter in unit order (index i), each on one device:
+  // world rank owner(i) gets fn(i, name, whole). The devices of data replica 0 send their pieces to the owner point
+  // to point, so each byte of the state crosses the network at most once and a device holds at most one whole
+  // parameter (and its received pieces) at a time. Collective over the world: every device calls it alike.
+  void assemble_whole_tensors(const std::vector<at::Tensor>& shard_buffers, const std::function<int(size_t)>& owner,
+                              const std::function<void(size_t, const std::string&, const at::Tensor&)>& fn);
+  // The Hugging Face names and whole shapes of the parameters, in unit order (the order of assemble_whole_tensors).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> whole_parameter_shapes() const;
+  // Fills shard-shaped buffers (optimizer moments) from `values`, asked for this device's pieces only. No
+  // communication (a checkpoint of any mesh loads on any other).
+  void load_shards(std::vector<at::Tensor>& shard_buffers, const model::SliceSource& values);
 
   // "parameters 1.2 MB + gradients 1.2 MB + AdamW 2.4 MB per device (fsdp=4, tensor=1); largest gathered unit 0.4 MB"
   std::string memory_summary() const;

@@ -21,35 +21,46 @@ TensorSplit tensor_split_of(const std::string& name) {
   return TensorSplit::none;
 }
 
-ColumnParallelLinear::ColumnParallelLinear(const at::Tensor& local_weight_OI, runtime::Comm& comm) : comm_(comm) {
-  weight = register_parameter("weight", local_weight_OI.contiguous());
+ColumnParallelLinear::ColumnParallelLinear(int64_t local_out_features, int64_t in_features, runtime::Comm& comm)
+    : comm_(comm) {
+  weight = register_parameter("weight", at::empty({local_out_features, in_features}, at::kFloat));
 }
 
 torch::Tensor ColumnParallelLinear::forward(const torch::Tensor& x_NI) {
   return torch::matmul(copy_to_group(x_NI, comm_), weight.to(x_NI.scalar_type()).t());
 }
 
-RowParallelLinear::RowParallelLinear(const at::Tensor& local_weight_OI, runtime::Comm& comm) : comm_(comm) {
-  weight = register_parameter("weight", local_weight_OI.contiguous());
+RowParallelLinear::RowParallelLinear(int64_t out_features, int64_t local_in_features, runtime::Comm& comm)
+    : comm_(comm) {
+  weight = register_parameter("weight", at::empty({out_features, local_in_features}, at::kFloat));
 }
 
 torch::Tensor RowParallelLinear::forward(const torch::Tensor& x_NI) {
   return reduce_from_group(torch::matmul(x_NI, weight.to(x_NI.scalar_type()).t()), comm_);
 }
 
-at::Tensor tensor_block(const at::Tensor& full, TensorSplit split, runtime::Comm& tensor_comm) {
-  const int n = tensor_comm.size();
-  if (split == TensorSplit::none || n == 1) return full.clone();
+model::ParameterSlice tensor_block_slice(const std::string& name, const std::vector<int64_t>& full_shape,
+                                         TensorSplit split, int rank, int size) {
+  model::ParameterSlice block = model::ParameterSlice::whole(name, full_shape);
+  if (split == TensorSplit::none || size == 1) return block;
+  MT_CHECK(full_shape.size() == 2, "{}: only 2-D parameters split over tensor", name);
   const int64_t dim = split == TensorSplit::rows ? 0 : 1;
-  MT_CHECK(full.size(dim) % n == 0, "dimension {} of size {} does not split over {} tensor ranks", dim, full.size(dim), n);
-  return full.chunk(n, dim)[tensor_comm.rank()].contiguous();
+  MT_CHECK(full_shape[dim] % size == 0, "{}: dimension {} of size {} does not split over {} tensor ranks", name, dim,
+           full_shape[dim], size);
+  if (split == TensorSplit::rows) {
+    block.rows = full_shape[0] / size;
+    block.row_begin = rank * block.rows;
+  } else {
+    block.cols = full_shape[1] / size;
+    block.col_begin = rank * block.cols;
+  }
+  return block.range(0, block.block_numel());
 }
 
-at::Tensor gather_tensor_blocks(const at::Tensor& block, TensorSplit split, runtime::Comm& tensor_comm) {
-  if (split == TensorSplit::none || tensor_comm.size() == 1) return block;
-  if (split == TensorSplit::rows) return tensor_comm.allgather(block.contiguous());
-  // Blocks of columns: gather the transposes as rows.
-  return tensor_comm.allgather(block.t().contiguous()).t().contiguous();
+std::vector<int64_t> whole_shape(const std::vector<int64_t>& block_shape, TensorSplit split, int size) {
+  std::vector<int64_t> shape = block_shape;
+  if (split != TensorSplit::none) shape.at(split == TensorSplit::rows ? 0 : 1) *= size;
+  return shape;
 }
 
 void check_tensor_parallel(const model::LlamaConfig& config, int n) {
@@ -68,15 +79,14 @@ void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor
   const int n = tensor_comm.size();
   if (n == 1) return;
   check_tensor_parallel(model.config(), n);
-  torch::NoGradGuard no_grad;
   for (const std::string& name : model.linear_names()) {
     const TensorSplit split = tensor_split_of(name + ".weight");
     if (split == TensorSplit::none) continue;
-    const at::Tensor block = tensor_block(model.linear(name)->named_parameters()["weight"], split, tensor_comm);
+    const std::vector<int64_t> whole = model.linear(name)->named_parameters()["weight"].sizes().vec();  // [O, I]
     if (split == TensorSplit::rows)
-      model.replace_linear(name, std::make_shared<ColumnParallelLinear>(block, tensor_comm));
+      model.replace_linear(name, std::make_shared<ColumnParallelLinear>(whole[0] / n, whole[1], tensor_comm));
     else
-      model.replace_linear(name, std::make_shared<RowParallelLinear>(block, tensor_comm));
+      model.replace_linear(name, std::make_shared<RowParallelLinear>(whole[0], whole[1] / n, tensor_comm));
   }
 }
 

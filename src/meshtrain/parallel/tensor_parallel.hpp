@@ -11,6 +11,7 @@
 #pragma once
 
 #include "meshtrain/model/llama.hpp"
+#include "meshtrain/model/parameter_slice.hpp"
 #include "meshtrain/runtime/comm.hpp"
 
 #include <string>
@@ -26,9 +27,10 @@ enum class TensorSplit { none, rows, columns };
 TensorSplit tensor_split_of(const std::string& name);
 
 // y = x W_r^T for this rank's block W_r [O/tp, I] of the rows of W; the input is replicated over the group.
+// Both parallel linears are made with their block allocated, not written (the FSDP unit fills it).
 class ColumnParallelLinear : public model::Linear {
  public:
-  ColumnParallelLinear(const at::Tensor& local_weight_OI, runtime::Comm& comm);
+  ColumnParallelLinear(int64_t local_out_features, int64_t in_features, runtime::Comm& comm);
   torch::Tensor forward(const torch::Tensor& x_NI) override;
   torch::Tensor weight;
 
@@ -39,7 +41,7 @@ class ColumnParallelLinear : public model::Linear {
 // y = sum over ranks of x_r W_r^T, with x_r this rank's block of the input features and W_r [O, I/tp].
 class RowParallelLinear : public model::Linear {
  public:
-  RowParallelLinear(const at::Tensor& local_weight_OI, runtime::Comm& comm);
+  RowParallelLinear(int64_t out_features, int64_t local_in_features, runtime::Comm& comm);
   torch::Tensor forward(const torch::Tensor& x_NI) override;
   torch::Tensor weight;
 
@@ -50,13 +52,15 @@ class RowParallelLinear : public model::Linear {
 // UserError unless the heads, key/value heads and MLP width divide by `tensor_size` (naming the config key).
 void check_tensor_parallel(const model::LlamaConfig& config, int tensor_size);
 
-// Replaces every layer's projections by this rank's column/row-parallel blocks of their current weights, after
-// check_tensor_parallel. No-op for a group of one.
+// Replaces every layer's projections by this rank's column/row-parallel blocks (unwritten; the whole weights are
+// dropped without being read), after check_tensor_parallel. No-op for a group of one.
 void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor_comm);
 
-// This rank's block of a full parameter under `split` (a copy), and the full parameter from every rank's block
-// (an all-gather over the group).
-at::Tensor tensor_block(const at::Tensor& full, TensorSplit split, runtime::Comm& tensor_comm);
-at::Tensor gather_tensor_blocks(const at::Tensor& block, TensorSplit split, runtime::Comm& tensor_comm);
+// The block of the parameter `name` (whole shape `full_shape`) that rank `rank` of `size` holds under `split`, as
+// a slice of all its elements.
+model::ParameterSlice tensor_block_slice(const std::string& name, const std::vector<int64_t>& full_shape,
+                                         TensorSplit split, int rank, int size);
+// The whole parameter's shape from a rank's block shape.
+std::vector<int64_t> whole_shape(const std::vector<int64_t>& block_shape, TensorSplit split, int size);
 
 }  // namespace meshtrain::parallel

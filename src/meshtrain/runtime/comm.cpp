@@ -23,6 +23,7 @@ const char* collective_name(Collective kind) {
     case Collective::reduce_scatter: return "reduce_scatter";
     case Collective::all_to_all: return "all_to_all";
     case Collective::barrier: return "barrier";
+    case Collective::point_to_point: return "point_to_point";
   }
   return "?";
 }
@@ -105,6 +106,8 @@ class CommBackend {
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual at::Tensor all_to_all(const at::Tensor& input) = 0;
   virtual void barrier() = 0;
+  virtual void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                        const std::vector<std::pair<int, at::Tensor>>& receives, int tag) = 0;
 };
 
 namespace {
@@ -121,6 +124,10 @@ class SoloBackend final : public CommBackend {
   void broadcast(at::Tensor&, int) override {}
   at::Tensor all_to_all(const at::Tensor& input) override { return input.clone(); }
   void barrier() override {}
+  void exchange(const std::vector<std::pair<int, at::Tensor>>&, const std::vector<std::pair<int, at::Tensor>>&,
+                int) override {
+    MT_CHECK(false, "a group of one device has no peer to exchange with");
+  }
 };
 
 // Gloo in libtorch 1.13 has no bf16/fp16 reductions: those travel as fp32 and are cast back.
@@ -171,6 +178,23 @@ class ProcessGroupBackend final : public CommBackend {
   }
 
   void barrier() override { group_->barrier()->wait(); }
+
+  void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    // c10d takes the tensor vectors by reference and keeps them until the work ends: they live until the waits.
+    std::vector<std::vector<at::Tensor>> buffers;
+    buffers.reserve(sends.size() + receives.size());
+    for (const auto& [rank, tensor] : sends) {
+      buffers.push_back({tensor});
+      works.push_back(group_->send(buffers.back(), rank, tag));
+    }
+    for (const auto& [rank, tensor] : receives) {
+      buffers.push_back({tensor});
+      works.push_back(group_->recv(buffers.back(), rank, tag));
+    }
+    for (auto& work : works) work->wait();
+  }
 
  private:
   c10::intrusive_ptr<C10dGroup> group_;
@@ -289,6 +313,22 @@ at::Tensor Comm::all_to_all(const at::Tensor& input) {
 
 void Comm::barrier() {
   run(Collective::barrier, 0, [&] { backend_->barrier(); });
+}
+
+void Comm::exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                    const std::vector<std::pair<int, at::Tensor>>& receives, int tag) {
+  int64_t bytes = 0;
+  for (const auto& [rank, tensor] : sends) {
+    MT_CHECK(rank >= 0 && rank < size() && rank != this->rank() && tensor.is_contiguous(),
+             "exchange over {}: a send to rank {} (of {}, this is {}) of a tensor that must be contiguous", label_,
+             rank, size(), this->rank());
+    bytes += payload_bytes(tensor);
+  }
+  for (const auto& [rank, tensor] : receives)
+    MT_CHECK(rank >= 0 && rank < size() && rank != this->rank() && tensor.is_contiguous(),
+             "exchange over {}: a receive from rank {} (of {}, this is {}) into a buffer that must be contiguous",
+             label_, rank, size(), this->rank());
+  run(Collective::point_to_point, bytes, [&] { backend_->exchange(sends, receives, tag); });
 }
 
 }  // namespace meshtrain::runtime

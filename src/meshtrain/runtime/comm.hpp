@@ -36,8 +36,9 @@ using C10dGroup = c10d::Backend;
 using C10dGroup = c10d::ProcessGroup;
 #endif
 
-enum class Collective : int { allreduce = 0, allgather, broadcast, reduce_scatter, all_to_all, barrier };
-constexpr int kNumCollectives = 6;
+// point_to_point: Comm::exchange (sends and receives between chosen ranks), counted with the bytes sent.
+enum class Collective : int { allreduce = 0, allgather, broadcast, reduce_scatter, all_to_all, barrier, point_to_point };
+constexpr int kNumCollectives = 7;
 const char* collective_name(Collective kind);
 
 // Calls, payload bytes (the local tensor's bytes as passed in) and wall time spent inside the call, per collective
@@ -139,6 +140,11 @@ class Comm {
   // `input` is [size * n, ...]: chunk j goes to rank j; the result holds the chunks received, in rank order.
   at::Tensor all_to_all(const at::Tensor& input);
   void barrier();
+  // Point to point: sends each (rank, tensor) of `sends` and fills each (rank, buffer) of `receives` from that rank,
+  // all started at once; returns when all are done. The peers call it with the matching receives and sends and the
+  // same `tag`. Not for a group of one (nothing to exchange with).
+  void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                const std::vector<std::pair<int, at::Tensor>>& receives, int tag);
 
   const CollectiveCounters& counters() const { return *counters_; }
 

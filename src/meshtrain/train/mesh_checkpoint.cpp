@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <memory>
 
 namespace fs = std::filesystem;
 
@@ -20,11 +21,19 @@ std::string optimizer_file_name(size_t index, size_t count) {
   return fmt::format("optimizer-{:05d}-of-{:05d}.safetensors", index + 1, count);
 }
 
-void write_tensor_file(const fs::path& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  AtomicFileWriter writer(path);
-  model::write_safetensors(writer, tensors, {{"format", "pt"}});
-  writer.commit();
-}
+// One file this device writes, streamed one whole tensor at a time, its checksum computed as it is written.
+struct StreamedFile {
+  StreamedFile(const fs::path& path, std::vector<model::SafetensorsEntry> entries)
+      : name(path.filename().string()), writer(path), tensors(writer, std::move(entries), {{"format", "pt"}}) {}
+  model::CheckpointFile commit() {
+    tensors.finish();
+    writer.commit();
+    return {name, writer.bytes_written(), writer.crc32c()};
+  }
+  std::string name;
+  AtomicFileWriter writer;
+  model::SafetensorsStreamWriter tensors;
+};
 
 }  // namespace
 
@@ -35,70 +44,72 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
   if (device == 0) model::begin_checkpoint_directory(dir);
   world.barrier();
 
-  // Tensor i (in unit order) is written by device i mod writers; each device keeps only the full tensors it writes.
-  const size_t num_tensors = model.model().named_parameters().size();
-  const size_t writers = std::min<size_t>(world.size(), num_tensors);
-  auto mine = [&](size_t index) { return index % writers == static_cast<size_t>(device); };
-  std::vector<std::string> names;
-  std::vector<std::pair<std::string, torch::Tensor>> weights, moments;
-  uint64_t total_bytes = 0;
-  model.for_each_full_tensor(model.parameter_shards(), [&](const std::string& name, const at::Tensor& full) {
-    if (mine(names.size())) weights.emplace_back(name, full);
-    names.push_back(name);
-    total_bytes += full.nbytes();
+  // Parameter i (in unit order) is assembled on, and written by, world rank i mod writers.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = model.whole_parameter_shapes();
+  const size_t writers = std::min<size_t>(world.size(), shapes.size());
+  auto owner = [&](size_t index) { return static_cast<int>(index % writers); };
+  const bool writes = static_cast<size_t>(device) < writers;
+  std::unique_ptr<StreamedFile> weights_file, optimizer_file;
+  if (writes) {
+    std::vector<model::SafetensorsEntry> weights, moments;
+    for (const char* suffix : {"", ".exp_avg", ".exp_avg_sq"})
+      for (size_t i = 0; i < shapes.size(); ++i)
+        if (owner(i) == device)
+          (*suffix ? moments : weights).push_back({shapes[i].first + suffix, torch::kFloat32, shapes[i].second});
+    weights_file = std::make_unique<StreamedFile>(dir / model::weights_file_name(device, writers), std::move(weights));
+    optimizer_file = std::make_unique<StreamedFile>(dir / optimizer_file_name(device, writers), std::move(moments));
+  }
+  model.assemble_whole_tensors(model.parameter_shards(), owner, [&](size_t, const std::string&, const at::Tensor& whole) {
+    weights_file->tensors.write_next(whole);
   });
-  MT_CHECK(names.size() == num_tensors, "{} full tensors for {} parameters", names.size(), num_tensors);
-  const std::pair<const char*, const std::vector<at::Tensor>*> moment_buffers[] = {
-      {".exp_avg", &optimizer.exp_avg()}, {".exp_avg_sq", &optimizer.exp_avg_sq()}};
-  for (const auto& [suffix, buffers] : moment_buffers) {
-    size_t index = 0;
-    model.for_each_full_tensor(*buffers, [&, suffix = suffix](const std::string& name, const at::Tensor& full) {
-      if (mine(index++)) moments.emplace_back(name + suffix, full);
+  for (const std::vector<at::Tensor>* moments : {&optimizer.exp_avg(), &optimizer.exp_avg_sq()})
+    model.assemble_whole_tensors(*moments, owner, [&](size_t, const std::string&, const at::Tensor& whole) {
+      optimizer_file->tensors.write_next(whole);
     });
-  }
-  if (static_cast<size_t>(device) < writers) {
-    write_tensor_file(dir / model::weights_file_name(device, writers), weights);
-    write_tensor_file(dir / optimizer_file_name(device, writers), moments);
-  }
 
+  // Every writer's two files, with their sizes and checksums, for device 0's completion marker.
+  std::vector<int64_t> written(4, 0);
+  if (writes) {
+    const model::CheckpointFile w = weights_file->commit(), o = optimizer_file->commit();
+    written = {static_cast<int64_t>(w.bytes), w.crc32c, static_cast<int64_t>(o.bytes), o.crc32c};
+  }
   std::vector<model::CheckpointFile> small_files;
   if (device == 0) {
     std::map<std::string, std::string> weight_map;
-    for (size_t i = 0; i < names.size(); ++i) weight_map[names[i]] = model::weights_file_name(i % writers, writers);
+    uint64_t total_bytes = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      weight_map[shapes[i].first] = model::weights_file_name(owner(i), writers);
+      int64_t numel = 1;
+      for (int64_t d : shapes[i].second) numel *= d;
+      total_bytes += static_cast<uint64_t>(numel) * sizeof(float);
+    }
     small_files.push_back(model::write_hf_config(dir, model.model().config(), torch::kFloat32));
     small_files.push_back(model::write_hf_index(dir, weight_map, total_bytes));
     small_files.push_back(write_training_state(dir, state));
   }
   if (after_own_files) after_own_files();
-  world.barrier();  // every device's files are on disk
+  // Also the barrier: every device's files are on disk once every device has contributed.
+  const at::Tensor all_written = world.allgather(at::tensor(written, at::kLong).view({1, 4}));
   if (device == 0) {
     std::vector<model::CheckpointFile> files = small_files;
     for (size_t k = 0; k < writers; ++k) {
-      files.push_back(model::describe_checkpoint_file(dir, model::weights_file_name(k, writers)));
-      files.push_back(model::describe_checkpoint_file(dir, optimizer_file_name(k, writers)));
+      const at::Tensor row = all_written[static_cast<int64_t>(k)];
+      files.push_back({model::weights_file_name(k, writers), static_cast<uint64_t>(row[0].item<int64_t>()),
+                       static_cast<uint32_t>(row[1].item<int64_t>())});
+      files.push_back({optimizer_file_name(k, writers), static_cast<uint64_t>(row[2].item<int64_t>()),
+                       static_cast<uint32_t>(row[3].item<int64_t>())});
     }
     model::write_completion_marker(dir, files);
     log::info("saved checkpoint {}: {} tensors in {} weight and {} optimizer files written by {} devices", dir.string(),
-              names.size(), writers, writers, writers);
+              shapes.size(), writers, writers, writers);
   }
   world.barrier();  // complete before anyone moves on (or removes an older one)
 }
 
 void load_optimizer_state(const fs::path& dir, parallel::ParallelModel& model, AdamW& optimizer) {
-  std::map<std::string, at::Tensor> moments;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("optimizer-", 0) != 0 || entry.path().extension() != ".safetensors") continue;
-    const model::SafetensorsFile file = model::SafetensorsFile::read(entry.path());
-    for (const model::SafetensorsEntry& e : file.entries()) moments[e.name] = file.tensor(e.name);
-  }
-  auto moment = [&](const std::string& name) -> at::Tensor {
-    auto it = moments.find(name);
-    MT_USER_CHECK(it != moments.end(), "{}: the optimizer state has no tensor '{}'", dir.string(), name);
-    return it->second;
-  };
-  model.load_shards(optimizer.exp_avg(), [&](const std::string& name) { return moment(name + ".exp_avg"); });
-  model.load_shards(optimizer.exp_avg_sq(), [&](const std::string& name) { return moment(name + ".exp_avg_sq"); });
+  const model::CheckpointTensors moments = model::CheckpointTensors::files_starting_with(dir, "optimizer-");
+  model.load_shards(optimizer.exp_avg(), moments.source(".exp_avg"));
+  model.load_shards(optimizer.exp_avg_sq(), moments.source(".exp_avg_sq"));
   optimizer.set_steps_taken(read_training_state(dir).step);
 }
 

@@ -9,9 +9,12 @@
 //   meshtrain_complete.json                     written last, listing every file with its size and CRC-32C
 //
 // Tensor i (in the parallel model's unit order) goes to file (i mod W), W = min(devices, tensors), and device k
-// writes file k: every device gathers each full tensor (over fsdp and tensor) and keeps only those it writes. Device
-// 0 writes the small files and, after a barrier over the world, the completion marker. Loading needs no
-// communication: each device reads the full tensors and keeps its tensor block and FSDP shard (resharding).
+// writes file k: the devices of data replica 0 send their pieces of tensor i to device (i mod W) point to point
+// (ParallelModel::assemble_whole_tensors: the state crosses the network at most once, no device holds more than
+// one whole tensor), which streams it into its file, checksumming as it writes. Device 0 writes the small files
+// and, once every device's sizes and checksums have arrived (an all-gather that is also the barrier), the
+// completion marker. Loading needs no communication: each device reads only the byte ranges of its own tensor
+// blocks and FSDP shards (model::CheckpointTensors), whatever mesh wrote the checkpoint (resharding).
 #pragma once
 
 #include "meshtrain/parallel/parallel_model.hpp"

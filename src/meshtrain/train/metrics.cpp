@@ -144,7 +144,8 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                            {"step_time_s", step_s},
                            {"data_wait_s", data_wait_s},
                            {"compute_s", compute_s},
-                           {"comm_s", comm_s}};
+                           {"comm_s", comm_s},
+                           {"comm_bytes", m.comm_bytes}};
     file_ << line.dump() << '\n';
     file_.flush();
     MT_USER_CHECK(file_, "cannot write {} (disk full?)", path_.string());

@@ -8,7 +8,9 @@
 // the peak is known. A non-finite loss stops the run with a UserError naming the step (torchprime raises too).
 //
 // metrics.jsonl keys: step, epoch, loss, grad_norm, lr, tokens_per_s, tokens_per_s_per_device, mfu (null when the
-// peak is unknown), step_time_s, data_wait_s, compute_s, comm_s. Each line is flushed as it is written, so a crash
+// peak is unknown), step_time_s, data_wait_s, compute_s, comm_s, and comm_bytes: the payload bytes device 0 passed to
+// each kind of collective during the logged step ({"allgather": .., "reduce_scatter": .., "allreduce": ..,
+// "alltoall": .., "broadcast": ..}). Each line is flushed as it is written, so a crash
 // keeps the lines before it; a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a fresh
 // run) first drops the lines for steps >= s (an atomic rewrite), so the file holds one line per step.
 #pragma once
@@ -19,6 +21,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <string>
 #include <fstream>
 
 namespace meshtrain::train {
@@ -36,6 +40,7 @@ struct StepMetrics {
   int64_t tokens = 0;            // global tokens this step
   int num_devices = 1;
   double flops_per_token = 0;    // model::LlamaConfig::training_flops_per_token
+  std::map<std::string, int64_t> comm_bytes;  // payload bytes per collective kind this step (see above)
 };
 
 class MetricsLogger {

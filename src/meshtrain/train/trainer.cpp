@@ -7,6 +7,7 @@
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/llama.hpp"
+#include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/train/adamw.hpp"
 #include "meshtrain/train/checkpoint_dirs.hpp"
@@ -86,6 +87,16 @@ runtime::JobFacts job_facts(const config::Config& config, const mesh::Mesh& mesh
   return facts;
 }
 
+// Payload bytes per collective kind so far on this device, under metrics.jsonl's names.
+std::map<std::string, int64_t> collective_bytes(const runtime::CollectiveCounters& counters) {
+  using runtime::Collective;
+  return {{"allgather", counters.bytes(Collective::allgather)},
+          {"reduce_scatter", counters.bytes(Collective::reduce_scatter)},
+          {"allreduce", counters.bytes(Collective::allreduce)},
+          {"alltoall", counters.bytes(Collective::all_to_all)},
+          {"broadcast", counters.bytes(Collective::broadcast)}};
+}
+
 // Blocks this thread for good (debug.fault=hang): the watchdog's step timeout must find it.
 [[noreturn]] void hang_forever() {
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -138,19 +149,25 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
             settings.micro_batches == 1 ? "" : "es",
             settings.compute_dtype == torch::kBFloat16 ? "bf16 matmuls" : "fp32", mesh.num_devices());
 
+  // Where the parameters' values come from; each device asks for its own pieces only (sharded initialization).
+  // The resume point's files were verified by find_resume_point.
+  std::optional<model::CheckpointTensors> checkpoint_weights;
+  if (resume)
+    checkpoint_weights.emplace(
+        model::CheckpointTensors::weights(resume->dir, model_config, model::CheckpointTensors::Verify::no));
+  else if (!settings.init_from.empty())
+    checkpoint_weights.emplace(model::CheckpointTensors::weights(settings.init_from, model_config,
+                                                                 model::CheckpointTensors::Verify::against_marker));
+  const model::SliceSource initial_values = checkpoint_weights ? checkpoint_weights->source()
+                                                               : model::initial_value_source(model_config, settings.seed);
+
   // Shared by the device threads: `settings` (immutable), `pipeline` (its next() is thread-safe), `metrics` (used by
-  // the reporter thread only), `resume` (read only).
+  // the reporter thread only), `resume` (read only), `checkpoint_weights` (const reads, each a pread).
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) {
     const bool reporter = ctx.info().local == 0;
-    auto model = std::make_shared<model::LlamaForCausalLM>(model_config);
-    if (resume)
-      model::load_hf_checkpoint(resume->dir, *model);
-    else if (!settings.init_from.empty())
-      model::load_hf_checkpoint(settings.init_from, *model);
-    else
-      model::initialize_parameters(*model, settings.seed);
+    auto model = std::make_shared<model::LlamaForCausalLM>(model_config);  // allocated, never written whole
     model->set_compute_dtype(settings.compute_dtype);
-    parallel::ParallelModel parallel_model(model, ctx, settings.parallel);
+    parallel::ParallelModel parallel_model(model, ctx, settings.parallel, initial_values);
     AdamW optimizer(settings.adamw, parallel_model.parameter_shards());
     if (resume) load_optimizer_state(resume->dir, parallel_model, optimizer);
     if (ctx.device() == 0) log::info("Memory: {}", parallel_model.memory_summary());
@@ -164,6 +181,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       if (settings.fault.fires(Fault::kill, step, ctx.device())) ::kill(::getpid(), SIGKILL);
       const Clock::time_point step_start = Clock::now();
       const double comm_before = ctx.counters().total_seconds();
+      const std::map<std::string, int64_t> bytes_before = collective_bytes(ctx.counters());
       data::DeviceBatch batch = pipeline.next(ctx);
       const double replicas = static_cast<double>(row_replicas(ctx.mesh(), batch.input_ids.spec()));
       const at::Tensor inputs_BT = batch.input_ids.local().to(at::kLong);
@@ -206,6 +224,8 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       m.tokens = global_tokens;
       m.num_devices = ctx.mesh().num_devices();
       m.flops_per_token = static_cast<double>(model_config.training_flops_per_token(settings.block_size));
+      m.comm_bytes = collective_bytes(ctx.counters());
+      for (auto& [kind, bytes] : m.comm_bytes) bytes -= bytes_before.at(kind);
       if (reporter) metrics.log(m);
       ctx.report_progress(step);
 
