@@ -69,6 +69,22 @@ class ParallelParityTest(unittest.TestCase):
             self.assertTrue(0 < sent["allreduce"] < 1024, (r["step"], sent))
             self.assertEqual(sent["alltoall"] + sent["broadcast"], 0, (r["step"], sent))
 
+    def test_activation_checkpointing_changes_no_bit_of_the_losses(self):
+        # Recomputing a layer's forward in backward gives the same activations, so the same gradients: every loss
+        # of every step equal, bitwise, with full and every_2 checkpointing (fsdp=2 x tensor=2: the regather and
+        # the tensor-parallel all-reduces happen again in the recompute).
+        runs = {}
+        for mode in ("none", "full", "every_2"):
+            out = os.path.join(self.tmp.name, f"ac_{mode}")
+            runs[mode], _, _ = train(out, 2, 2, ["max_steps=5", "ici_mesh.fsdp=2", "ici_mesh.tensor=2",
+                                                 f"activation_checkpointing={mode}"])
+        self.assertEqual(sorted(runs["none"]), list(range(1, 6)))
+        self.assertEqual(runs["full"], runs["none"])
+        self.assertEqual(runs["every_2"], runs["none"])
+        _, _, output = train(os.path.join(self.tmp.name, "ac_bad"), 1, 1, ["activation_checkpointing=every_0"],
+                             expect_failure=True)
+        self.assertIn("activation_checkpointing=every_0: expected none, full or every_<k>", output)
+
     def test_data2_fsdp2(self):
         self.check_layout("data=2 fsdp=2")
 

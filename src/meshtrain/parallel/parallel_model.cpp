@@ -32,6 +32,32 @@ struct LayerGradientBoundary : torch::autograd::Function<LayerGradientBoundary> 
   }
 };
 
+// A decoder layer that keeps only its input: forward runs without recording a graph; backward runs the layer's
+// forward again with grad (its parameters gathered again by then: the hook on the output) and backpropagates
+// through it, which accumulates the parameter gradients and gives the input's (PyTorch's reentrant checkpoint).
+struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_BTD, model::LlamaDecoderLayer* layer,
+                            const at::Tensor& cos_TE, const at::Tensor& sin_TE) {
+    ctx->saved_data["layer"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(layer));
+    ctx->saved_data["cos"] = cos_TE;
+    ctx->saved_data["sin"] = sin_TE;
+    ctx->save_for_backward({x_BTD});
+    return layer->forward(x_BTD, {cos_TE, sin_TE});
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* layer = reinterpret_cast<model::LlamaDecoderLayer*>(static_cast<intptr_t>(ctx->saved_data["layer"].toInt()));
+    const model::RopeTables rope{ctx->saved_data["cos"].toTensor(), ctx->saved_data["sin"].toTensor()};
+    const at::Tensor x_BTD = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::Tensor y_BTD;
+    {
+      torch::AutoGradMode grad_mode(true);
+      y_BTD = layer->forward(x_BTD, rope);
+    }
+    torch::autograd::backward({y_BTD}, {grads[0]});
+    return {x_BTD.grad(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // The layout checks, run before any group is created: a device that failed while its peers were still connecting
 // would leave them with a transport error instead of the reason.
 std::shared_ptr<model::LlamaForCausalLM> checked_for_mesh(std::shared_ptr<model::LlamaForCausalLM> model,
@@ -46,6 +72,25 @@ std::shared_ptr<model::LlamaForCausalLM> checked_for_mesh(std::shared_ptr<model:
 std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
 
 }  // namespace
+
+int ParallelOptions::parse_checkpoint_every(const std::string& value) {
+  if (value == "none") return 0;
+  if (value == "full") return 1;
+  const std::string prefix = "every_";
+  int every = 0;
+  if (value.compare(0, prefix.size(), prefix) == 0) {
+    try {
+      size_t used = 0;
+      every = std::stoi(value.substr(prefix.size()), &used);
+      if (used != value.size() - prefix.size()) every = 0;
+    } catch (const std::exception&) {
+      every = 0;
+    }
+  }
+  MT_USER_CHECK(every >= 1, "activation_checkpointing={}: expected none, full or every_<k> (k >= 1, e.g. every_2)",
+                value);
+  return every;
+}
 
 ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx,
                              ParallelOptions options, const model::SliceSource& values)
@@ -88,7 +133,9 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   const at::Tensor input_BTD = LayerGradientBoundary::apply(x_BTD, &unit);
   unit.gather();
   if (next) next->prefetch();  // the next layer's all-gather overlaps this layer's forward
-  at::Tensor y_BTD = layer.forward(input_BTD, rope);
+  const bool checkpointed = options_.checkpoint_every > 0 && index % options_.checkpoint_every == 0;
+  at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope.cos_TE, rope.sin_TE)
+                                  : layer.forward(input_BTD, rope);
   if (options_.reshard_after_forward && fsdp_comm_.size() > 1) {
     unit.free_full();
     // Backward runs the layers in reverse: gather this one again, and start the one before it.

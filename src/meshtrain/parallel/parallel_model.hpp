@@ -12,6 +12,7 @@
 //                    over fsdp; finish_backward(): the root unit's reduce-scatter
 //   synchronize_gradients()   one all-reduce of every gradient shard over `data` (after the last micro-batch)
 //   gradient_norm()  one all-reduce over fsdp and one over tensor of two scalars
+// A checkpointed layer repeats its forward (and its tensor-parallel all-reduces) in backward, after the regather.
 // With every axis of size 1 nothing communicates and the parameters are the optimizer's buffers (no copies).
 #pragma once
 
@@ -28,6 +29,12 @@ namespace meshtrain::parallel {
 
 struct ParallelOptions {
   bool reshard_after_forward = true;  // parallel.reshard_after_forward
+  // Activation checkpointing (activation_checkpointing): every layer i with i % checkpoint_every == 0 keeps only its
+  // input from forward and runs its forward again in backward; 0 = none, 1 = every layer ("full").
+  int checkpoint_every = 0;
+
+  // "none" | "full" | "every_<k>" (k >= 1); UserError naming the key otherwise.
+  static int parse_checkpoint_every(const std::string& value);
 };
 
 class ParallelModel {

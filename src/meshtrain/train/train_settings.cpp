@@ -47,7 +47,9 @@ TrainSettings TrainSettings::from_config(const config::Config& config) {
   s.keep = config.get_int("checkpoint.keep");
   s.max_grad_norm = config.get_float("max_grad_norm");
   s.compute_dtype = compute_dtype_of(config);
-  s.parallel = parallel::ParallelOptions{config.get_bool("parallel.reshard_after_forward")};
+  s.parallel.reshard_after_forward = config.get_bool("parallel.reshard_after_forward");
+  s.parallel.checkpoint_every =
+      parallel::ParallelOptions::parse_checkpoint_every(config.get_string("activation_checkpointing"));
   s.adamw = AdamWOptions::from_config(config);
   s.seed = static_cast<uint64_t>(config.get_int("seed"));
   s.resume = config.get_bool("checkpoint.resume");

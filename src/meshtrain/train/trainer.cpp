@@ -3,6 +3,7 @@
 
 #include "meshtrain/common/build_id.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/heap.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
@@ -200,6 +201,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
         (loss_sum / (static_cast<double>(global_tokens) * replicas)).backward();
         parallel_model.finish_backward();
         local_loss_sum += loss_sum.item<double>();
+        release_freed_heap_memory();  // the micro-batch's activations (common/heap.hpp says why)
       }
       parallel_model.synchronize_gradients();
       const double grad_norm = parallel_model.gradient_norm();
@@ -208,6 +210,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       const double lr = settings.schedule.at(step);
       optimizer.step(grads, lr);
       parallel_model.zero_gradients();
+      release_freed_heap_memory();
       at::Tensor loss = at::tensor({local_loss_sum}, at::kDouble);
       batch_comm.allreduce_sum(loss);
 
