@@ -117,9 +117,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     dir = shards_for_indexes();
     fuzz::write_input(dir / tokens::kIndexFileName, data, size);
   }
-  for (bool verify_checksums : {false, true}) {
+  for (tokens::PayloadCheck check :
+       {tokens::PayloadCheck::never, tokens::PayloadCheck::on_first_read, tokens::PayloadCheck::at_open}) {
     try {
-      read_everything(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", verify_checksums}));
+      read_everything(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", check}));
     } catch (const UserError&) {
     }
   }

@@ -9,6 +9,7 @@ bound "failure_timeout_s plus a few seconds" is a few seconds here.
 """
 import os
 import re
+import shutil
 import tempfile
 import time
 import unittest
@@ -113,6 +114,23 @@ class FailureTest(unittest.TestCase):
         self.assertEqual(hosts[1].exit_code, 2, hosts[1].output[-3000:])
         self.assert_ended(hosts[0], 2, failed_at)
         self.assert_says(hosts[0], r"host 1 failed: .*/nonexistent/shards")
+
+    def test_a_corrupted_shard_is_caught_when_first_read_and_ends_every_host(self):
+        # The payload checksums are not read at start-up (that costs O(dataset) on every host); each shard's is
+        # checked the first time the loader reads from it, before any of its tokens reach a device.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        shards = os.path.join(tempfile.mkdtemp(prefix="meshtrain-shards-"), "moby-dick-byte")
+        shutil.copytree(os.path.join(root, "assets", "shards", "moby-dick-byte"), shards)
+        shard = os.path.join(shards, "shard_00000.tok")
+        with open(shard, "r+b") as f:
+            f.seek(256 + 1000)  # past the 256-byte header: a token of the payload
+            byte = f.read(1)
+            f.seek(256 + 1000)
+            f.write(bytes([byte[0] ^ 0x01]))
+        hosts = self.run_job([f"dataset.path={shards}"], timeout=60)
+        for h in hosts:  # a damaged input file is the user's to fix: exit 2 (usage), passed on to every host
+            self.assertEqual(h.exit_code, 2, h.output[-3000:])
+            self.assert_says(h, re.escape(shard) + r": checksum mismatch: payload CRC-32C is [0-9a-f]{8}, the header")
 
     def test_a_config_error_before_the_rendezvous_ends_every_host(self):
         hosts = self.run_job([], per_host_overrides={1: ["optimizer.learning_rat=0.1"]}, timeout=60)

@@ -69,6 +69,26 @@ class ParallelParityTest(unittest.TestCase):
             self.assertTrue(0 < sent["allreduce"] < 1024, (r["step"], sent))
             self.assertEqual(sent["alltoall"] + sent["broadcast"], 0, (r["step"], sent))
 
+    def test_bf16_compute_gathers_half_the_bytes(self):
+        # compute_dtype=bfloat16: FSDP all-gathers carry bf16 (the weights are rounded to bf16 for the matmuls
+        # anyway), so the same layout moves half the all-gather bytes of fp32, and the same reduce-scatter bytes
+        # (gradients stay fp32); the losses follow one bf16 device (reduction order only).
+        runs = {}
+        for dtype, hosts, devices, mesh in (("float32", 2, 2, "ici_mesh.fsdp=4"), ("bfloat16", 2, 2, "ici_mesh.fsdp=4"),
+                                            ("bfloat16", 1, 1, "ici_mesh.fsdp=1")):
+            out = os.path.join(self.tmp.name, f"gather_{dtype}_{hosts * devices}")
+            losses, _, _ = train(out, hosts, devices, ["max_steps=3", mesh, f"compute_dtype={dtype}"])
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                runs[(dtype, hosts * devices)] = (losses, [json.loads(line)["comm_bytes"] for line in f])
+        fp32, bf16 = runs[("float32", 4)][1], runs[("bfloat16", 4)][1]
+        for step in range(3):
+            self.assertGreater(fp32[step]["allgather"], 0)
+            self.assertEqual(2 * bf16[step]["allgather"], fp32[step]["allgather"], step)
+            self.assertEqual(bf16[step]["reduce_scatter"], fp32[step]["reduce_scatter"], step)
+        one, mesh = runs[("bfloat16", 1)][0], runs[("bfloat16", 4)][0]
+        for step in range(1, 4):
+            self.assertAlmostEqual(mesh[step], one[step], delta=2e-2 * abs(one[step]), msg=f"step {step}")
+
     def test_activation_checkpointing_changes_no_bit_of_the_losses(self):
         # Recomputing a layer's forward in backward gives the same activations, so the same gradients: every loss
         # of every step equal, bitwise, with full and every_2 checkpointing (fsdp=2 x tensor=2: the regather and

@@ -78,7 +78,7 @@ TEST_F(TokensPrepareTest, Gpt2SeparatesDocumentsAndCutsShards) {
   options.shard_tokens = 2;  // every document (2 tokens or more with its separator) closes a shard
   options.threads = 2;
   ShardIndex index = prepare_token_shards(*gpt2, options);
-  ShardDirectory dir = ShardDirectory::open(dir_ / "out", {gpt2->fingerprint(), true});
+  ShardDirectory dir = ShardDirectory::open(dir_ / "out", {gpt2->fingerprint(), PayloadCheck::at_open});
   EXPECT_EQ(dir.shards().size(), 3u);
   auto documents = documents_of(dir);
   ASSERT_EQ(documents.size(), 3u);

@@ -116,8 +116,25 @@ TEST_F(TokensShardTest, CorruptedPayloadFailsTheChecksum) {
   std::string error = open_error();
   EXPECT_NE(error.find(shard_path().string() + ": checksum mismatch: payload CRC-32C is"), std::string::npos) << error;
   OpenOptions no_checksum;
-  no_checksum.verify_checksums = false;
+  no_checksum.payload_check = PayloadCheck::never;
   EXPECT_EQ(open_error(no_checksum), "");
+  // Checked on the first read instead: opening costs nothing, the first copy of a token fails (every time).
+  OpenOptions on_read;
+  on_read.payload_check = PayloadCheck::on_first_read;
+  ShardDirectory lazy = ShardDirectory::open(dir_, on_read);
+  uint32_t token = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      lazy.shards()[0].copy_tokens(0, 1, &token);
+      ADD_FAILURE() << "a corrupted shard was read without an error";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(shard_path().string() + ": checksum mismatch"), std::string::npos)
+          << e.what();
+    }
+  }
+  write_directory(documents_, 2);
+  ShardDirectory intact = ShardDirectory::open(dir_, on_read);
+  intact.shards()[0].copy_tokens(0, 1, &token);  // a good shard reads
 }
 
 TEST_F(TokensShardTest, WrongMagicAndVersionAndCorruptedHeader) {
@@ -174,7 +191,7 @@ TEST_F(TokensShardTest, TokenIdsAreCheckedAgainstTheVocabulary) {
   // An index without the record (written before it existed): the reader scans the shard, checksums or not.
   edit_index([](nlohmann::json& json) { json["shards"][0].erase("max_token"); });
   OpenOptions no_checksum;
-  no_checksum.verify_checksums = false;
+  no_checksum.payload_check = PayloadCheck::never;
   EXPECT_NE(open_error(no_checksum).find("token id 65535 is not below the vocabulary size 1000"), std::string::npos);
   // A record that understates the largest id is caught when checksums are verified.
   write_directory(documents_, 2);

@@ -48,7 +48,7 @@ StepPlan step_plan(const config::Config& config, const mesh::Mesh& mesh, int64_t
   const int64_t global_batch_size = config.get_int("global_batch_size"), block_size = config.get_int("block_size");
   // The index is enough for the sample count: no need to read every byte for a CRC.
   const data::TokenDataset dataset(data::TokenDataset::resolve(config.get_string("dataset.path")), block_size,
-                                   /*verify_checksums=*/false);
+                                   tokens::PayloadCheck::never);
   const data::GlobalSampler sampler(static_cast<uint64_t>(config.get_int("seed")), dataset.num_samples(),
                                     global_batch_size);
   const sharding::PartitionSpec spec = data::input_sharding(config);

@@ -22,8 +22,8 @@ fs::path TokenDataset::resolve(const std::string& path_or_name) {
   return named;
 }
 
-TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, bool verify_checksums)
-    : shards_(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", verify_checksums})), block_size_(block_size) {
+TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, tokens::PayloadCheck payload_check)
+    : shards_(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", payload_check})), block_size_(block_size) {
   MT_USER_CHECK(block_size > 0, "block_size must be positive, got {}", block_size);
   // The shard directory has checked every token id against its tokenizer's vocabulary (and the trainer checks that
   // vocabulary against the model's); the ids are handed on as int32, so the vocabulary must fit that.

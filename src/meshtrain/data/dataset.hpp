@@ -21,9 +21,10 @@ class TokenDataset {
   // <assets>/shards. UserError naming dataset.path and both places looked at when neither exists.
   static std::filesystem::path resolve(const std::string& path_or_name);
 
-  // Opens and validates the directory (tokens::ShardDirectory::open; `verify_checksums` reads every byte once),
-  // which includes every token id being below the tokenizer's vocab_size; that must fit int32.
-  TokenDataset(const std::filesystem::path& dir, int64_t block_size, bool verify_checksums = true);
+  // Opens and validates the directory (tokens::ShardDirectory::open; `payload_check` says when each shard's bytes
+  // are checksummed), which includes every token id being below the tokenizer's vocab_size; that must fit int32.
+  TokenDataset(const std::filesystem::path& dir, int64_t block_size,
+               tokens::PayloadCheck payload_check = tokens::PayloadCheck::at_open);
 
   const std::filesystem::path& path() const { return shards_.path(); }
   const tokens::ShardIndex& index() const { return shards_.index(); }

@@ -34,8 +34,9 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
       spec_(input_sharding(config)),
       debug_shapes_(config.get_bool("debug.data_shapes")),
       debug_steps_(config.get_int("debug.data_shape_steps")),
+      // Each shard's bytes are checksummed when the loader first reads from it, not all of them before step 1.
       dataset_(std::make_shared<const TokenDataset>(TokenDataset::resolve(config.get_string("dataset.path")),
-                                                    block_size_)),
+                                                    block_size_, tokens::PayloadCheck::on_first_read)),
       sampler_(seed_, dataset_->num_samples(), global_batch_size_),
       plan_(ReadPlan::make(mesh, global_batch_size_, block_size_, spec_, host)),
       taken_(plan_.devices.size(), 0) {

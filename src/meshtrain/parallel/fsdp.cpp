@@ -9,8 +9,10 @@
 namespace meshtrain::parallel {
 
 FsdpUnit::FsdpUnit(std::string label, const std::vector<Parameter>& params, runtime::Comm& fsdp_comm,
-                   const model::SliceSource& values)
-    : label_(std::move(label)), comm_(fsdp_comm) {
+                   const model::SliceSource& values, at::ScalarType gather_dtype)
+    : label_(std::move(label)), comm_(fsdp_comm), gather_dtype_(gather_dtype) {
+  MT_CHECK(gather_dtype == at::kFloat || gather_dtype == at::kBFloat16, "unit {}: gathers travel as fp32 or bf16",
+           label_);
   for (const Parameter& p : params) {
     Member m;
     m.name = p.name;
@@ -45,19 +47,19 @@ void FsdpUnit::bind_params_to(const at::Tensor& full_flat) {
 
 void FsdpUnit::prefetch() {
   if (gathered_ || pending_) return;
-  pending_ = comm_.allgather_async(shard_);
+  pending_ = comm_.allgather_async(shard_to_send());
 }
 
 void FsdpUnit::gather() {
   if (gathered_) return;
-  at::Tensor full = pending_ ? pending_->wait() : comm_.allgather(shard_);
+  at::Tensor full = pending_ ? pending_->wait() : comm_.allgather(shard_to_send());
   pending_.reset();
   if (!full_.defined()) {
-    full_ = full;
+    full_ = full.to(at::kFloat);
     bind_params_to(full_);
   } else {
-    // The parameters are views of full_'s storage: give it bytes again and fill it.
-    at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full.nbytes());
+    // The parameters are views of full_'s storage: give it bytes again and fill it (casting back from bf16).
+    at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full_.numel() * sizeof(float));
     full_.copy_(full);
   }
   gathered_ = true;
@@ -88,15 +90,6 @@ void FsdpUnit::reduce_gradients_from_params() {
   }
   grad_shard_.add_(comm_.reduce_scatter_sum(flat));
   free_full();
-}
-
-std::vector<at::Tensor> FsdpUnit::unflatten(const at::Tensor& shard_buffer) {
-  MT_CHECK(shard_buffer.sizes() == shard_.sizes(), "unit {}: a shard buffer of {} elements, expected {}", label_,
-           shard_buffer.numel(), shard_.numel());
-  const at::Tensor full = comm_.size() == 1 ? shard_buffer : comm_.allgather(shard_buffer.contiguous());
-  std::vector<at::Tensor> values;
-  for (const Member& m : members_) values.push_back(full.narrow(0, m.offset, m.numel).view(m.shape).clone());
-  return values;
 }
 
 void FsdpUnit::fill_shard(at::Tensor& shard_buffer, const model::SliceSource& values) const {

@@ -2,7 +2,8 @@
 // head) kept as one flat fp32 buffer, sharded over the `fsdp` group, that the optimizer updates in place.
 //
 // Life of a unit in a step (n = fsdp group size > 1):
-//   gather()       all-gather of the shards into a full flat buffer; the module's parameters become views of it
+//   gather()       all-gather of the shards (fp32, or bf16 with bf16 compute) into a full flat fp32 buffer; the
+//                  module's parameters become views of it
 //                  (prefetch() starts that all-gather early, while the previous layer computes)
 //   forward        the layer runs on the gathered parameters
 //   free_full()    (reshard after forward) the full buffer's storage is released; the parameters keep their shape
@@ -44,8 +45,10 @@ class FsdpUnit {
 
   // Fills this rank's shard from `values` (only the pieces of each parameter the shard holds are asked for); the
   // parameters' own storage is released without being read.
+  // `gather_dtype`: what the shards travel as in gather() (kFloat, or kBFloat16: half the bytes, cast back into
+  // the fp32 full buffer once per gather; the bf16 compute path rounds the weights to bf16 anyway).
   FsdpUnit(std::string label, const std::vector<Parameter>& params, runtime::Comm& fsdp_comm,
-           const model::SliceSource& values);
+           const model::SliceSource& values, at::ScalarType gather_dtype = at::kFloat);
 
   const std::string& label() const { return label_; }
   const std::vector<Member>& members() const { return members_; }
@@ -63,9 +66,6 @@ class FsdpUnit {
   // grad_shard() (added), resets the .grads and frees the full buffer.
   void reduce_gradients_from_params();
 
-  // Every member's full (tensor-local) value from a shard-shaped buffer: the parameters from shard(), optimizer
-  // moments from theirs. An all-gather over fsdp (none when n = 1).
-  std::vector<at::Tensor> unflatten(const at::Tensor& shard_buffer);
   // Writes this rank's shard of the members' values into `shard_buffer`, asking `values` for each member's piece in
   // the shard. No communication.
   void fill_shard(at::Tensor& shard_buffer, const model::SliceSource& values) const;
@@ -75,9 +75,11 @@ class FsdpUnit {
 
  private:
   void bind_params_to(const at::Tensor& full_flat);
+  at::Tensor shard_to_send() const { return gather_dtype_ == at::kFloat ? shard_ : shard_.to(gather_dtype_); }
 
   std::string label_;
   runtime::Comm& comm_;
+  at::ScalarType gather_dtype_;
   std::vector<Member> members_;
   int64_t numel_ = 0;
   int64_t padded_numel_ = 0;

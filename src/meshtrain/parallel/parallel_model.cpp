@@ -117,10 +117,11 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
     else
       root_params.push_back(std::move(p));
   }
-  root_ = std::make_unique<FsdpUnit>("root", root_params, fsdp_comm_, values);
+  root_ = std::make_unique<FsdpUnit>("root", root_params, fsdp_comm_, values, options_.gather_dtype);
   for (int64_t i = 0; i < num_layers; ++i)
     layers_.push_back(
-        std::make_unique<FsdpUnit>(layer_prefix + std::to_string(i), layer_params[i], fsdp_comm_, values));
+        std::make_unique<FsdpUnit>(layer_prefix + std::to_string(i), layer_params[i], fsdp_comm_, values,
+                                   options_.gather_dtype));
   model_->set_layer_runner([this](int64_t index, model::LlamaDecoderLayer& layer, const torch::Tensor& x_BTD,
                                   const model::RopeTables& rope) { return run_layer(index, layer, x_BTD, rope); });
 }

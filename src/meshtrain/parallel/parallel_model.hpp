@@ -32,6 +32,9 @@ struct ParallelOptions {
   // Activation checkpointing (activation_checkpointing): every layer i with i % checkpoint_every == 0 keeps only its
   // input from forward and runs its forward again in backward; 0 = none, 1 = every layer ("full").
   int checkpoint_every = 0;
+  // What FSDP all-gathers carry: kFloat, or kBFloat16 with bf16 compute (compute_dtype=bfloat16: half the bytes;
+  // the shards, the optimizer and the gradient reduce-scatters stay fp32).
+  at::ScalarType gather_dtype = at::kFloat;
 
   // "none" | "full" | "every_<k>" (k >= 1); UserError naming the key otherwise.
   static int parse_checkpoint_every(const std::string& value);

@@ -130,7 +130,7 @@ class SoloBackend final : public CommBackend {
   }
 };
 
-// Gloo in libtorch 1.13 has no bf16/fp16 reductions: those travel as fp32 and are cast back.
+// Gloo in libtorch 1.13 has no bf16/fp16 reductions: those travel as fp32 and are cast back (gathers move the bits).
 bool needs_fp32_transport(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
@@ -150,7 +150,12 @@ class ProcessGroupBackend final : public CommBackend {
   at::Tensor allgather(const at::Tensor& local) override { return start_allgather(local)(); }
 
   std::function<at::Tensor()> start_allgather(const at::Tensor& local) override {
-    at::Tensor send = needs_fp32_transport(local) ? local.to(at::kFloat) : local.contiguous();
+    // A gather adds nothing up: 16-bit floats travel as their bits (Gloo has fp16, not bf16: bf16 as an fp16 view).
+    if (local.scalar_type() == at::kBFloat16) {
+      auto finish = start_allgather(local.contiguous().view(at::kHalf));
+      return [finish] { return finish().view(at::kBFloat16); };
+    }
+    at::Tensor send = local.contiguous();
     std::vector<at::Tensor> inputs{send};
     auto outputs = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
     for (int r = 0; r < size(); ++r) (*outputs)[0].push_back(at::empty_like(send));

@@ -148,8 +148,10 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-TokenShard::TokenShard(const fs::path& path, const ShardEntry& entry, bool verify_checksum)
+TokenShard::TokenShard(const fs::path& path, const ShardEntry& entry, PayloadCheck payload_check)
     : path_(path), file_(std::make_shared<MappedFile>(path)) {
+  const bool verify_checksum = payload_check == PayloadCheck::at_open;
+  if (payload_check == PayloadCheck::on_first_read) first_read_check_ = std::make_shared<std::once_flag>();
   const std::string name = path.string();
   header_ = decode_shard_header(file_->data(), file_->size(), path);
   MT_USER_CHECK(file_->size() >= header_.file_bytes, "{}: truncated: {} bytes, the header says {}", name, file_->size(),
@@ -161,13 +163,7 @@ TokenShard::TokenShard(const fs::path& path, const ShardEntry& entry, bool verif
                 "{}: does not match the index: {} tokens, {} documents, crc32c {:08x} (index: {}, {}, {:08x})", name,
                 header_.token_count, header_.document_count, header_.payload_crc32c, entry.tokens, entry.documents,
                 entry.crc32c);
-  if (verify_checksum) {
-    uint32_t actual = crc32c(file_->data() + kShardHeaderBytes, header_.file_bytes - kShardHeaderBytes);
-    MT_USER_CHECK(actual == header_.payload_crc32c,
-                  "{}: checksum mismatch: payload CRC-32C is {:08x}, the header "
-                  "says {:08x} (the file is corrupted)",
-                  name, actual, header_.payload_crc32c);
-  }
+  if (verify_checksum) check_payload();
   const uint64_t* starts = document_starts();
   MT_USER_CHECK(starts[0] == 0 && starts[header_.document_count] == header_.token_count,
                 "{}: corrupted: document offsets must run from 0 to {}", name, header_.token_count);
@@ -185,6 +181,13 @@ TokenShard::TokenShard(const fs::path& path, const ShardEntry& entry, bool verif
   }
 }
 
+void TokenShard::check_payload() const {
+  const uint32_t actual = crc32c(file_->data() + kShardHeaderBytes, header_.file_bytes - kShardHeaderBytes);
+  MT_USER_CHECK(actual == header_.payload_crc32c,
+                "{}: checksum mismatch: payload CRC-32C is {:08x}, the header says {:08x} (the file is corrupted)",
+                path_.string(), actual, header_.payload_crc32c);
+}
+
 uint32_t TokenShard::token(uint64_t i) const {
   if (header_.token_bytes == 2) return static_cast<const uint16_t*>(tokens())[i];
   return static_cast<const uint32_t*>(tokens())[i];
@@ -194,6 +197,7 @@ void TokenShard::copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) cons
   MT_CHECK(begin + count <= header_.token_count, "tokens [{}, {}) out of range of {} ({} tokens)", begin, begin + count,
            path_.string(), header_.token_count);
   if (count == 0) return;  // `out` may be null
+  if (first_read_check_) std::call_once(*first_read_check_, [this] { check_payload(); });
   if (header_.token_bytes == 4) {
     std::memcpy(out, static_cast<const uint32_t*>(tokens()) + begin, count * 4);
     return;
@@ -225,7 +229,7 @@ ShardDirectory ShardDirectory::open(const fs::path& dir, const OpenOptions& opti
   for (const ShardEntry& entry : index.shards) {
     fs::path shard_path = dir / entry.file;
     MT_USER_CHECK(fs::exists(shard_path), "{}: missing (listed in {})", shard_path.string(), index_path.string());
-    TokenShard& shard = result.shards_.emplace_back(shard_path, entry, options.verify_checksums);
+    TokenShard& shard = result.shards_.emplace_back(shard_path, entry, options.payload_check);
     MT_USER_CHECK(shard.header().tokenizer_fingerprint == index.tokenizer.fingerprint &&
                       shard.header().tokenizer_name == index.tokenizer.name,
                   "{}: tokenizer mismatch: the shard was written by {} ({}), the index says {} ({})",

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,10 +47,17 @@ class MappedFile {
   int registration_ = -1;  // slot in the handler's table; -1 if none
 };
 
+// When a shard's payload CRC-32C is checked (the header, the index and their agreement are checked at open always):
+//   at_open        while opening: every byte of every shard is read before the first sample (O(dataset))
+//   on_first_read  the first time a token of the shard is copied out (copy_tokens), before it is handed on: the
+//                  cost moves to the loader's threads and to the shards a host actually reads (the trainer)
+//   never          only the index is needed (`plan`)
+enum class PayloadCheck { at_open, on_first_read, never };
+
 // One validated shard, mapped.
 class TokenShard {
  public:
-  TokenShard(const std::filesystem::path& path, const ShardEntry& entry, bool verify_checksum);
+  TokenShard(const std::filesystem::path& path, const ShardEntry& entry, PayloadCheck payload_check);
 
   const std::filesystem::path& path() const { return path_; }
   const ShardHeader& header() const { return header_; }
@@ -61,7 +69,8 @@ class TokenShard {
   // The raw token array: uint16_t* when token_bytes() == 2, uint32_t* when 4.
   const void* tokens() const { return file_->data() + header_.tokens_offset; }
   uint32_t token(uint64_t i) const;
-  // Copies tokens [begin, begin + count) widened to uint32 into `out`.
+  // Copies tokens [begin, begin + count) widened to uint32 into `out`. With PayloadCheck::on_first_read the first
+  // call checks the payload CRC-32C first (UserError naming the file if it fails; thread-safe).
   void copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) const;
   // Token offsets where documents start: document_count() + 1 entries, the last is token_count().
   const uint64_t* document_starts() const {
@@ -70,16 +79,18 @@ class TokenShard {
 
  private:
   std::filesystem::path path_;
+  void check_payload() const;  // UserError unless the payload's CRC-32C is the header's
+
   std::shared_ptr<MappedFile> file_;
   ShardHeader header_;
   std::optional<uint32_t> max_token_;
+  std::shared_ptr<std::once_flag> first_read_check_;  // set with PayloadCheck::on_first_read
 };
 
 struct OpenOptions {
   // If set, the tokenizer fingerprint the shards must have been prepared with (a mismatch is an error).
   std::string expected_tokenizer_fingerprint;
-  // Check each shard's payload CRC-32C (reads every byte once; several GB/s).
-  bool verify_checksums = true;
+  PayloadCheck payload_check = PayloadCheck::at_open;
 };
 
 class ShardDirectory {

@@ -48,6 +48,7 @@ TrainSettings TrainSettings::from_config(const config::Config& config) {
   s.max_grad_norm = config.get_float("max_grad_norm");
   s.compute_dtype = compute_dtype_of(config);
   s.parallel.reshard_after_forward = config.get_bool("parallel.reshard_after_forward");
+  s.parallel.gather_dtype = s.compute_dtype;  // bf16 compute gathers bf16 (parallel_model.hpp)
   s.parallel.checkpoint_every =
       parallel::ParallelOptions::parse_checkpoint_every(config.get_string("activation_checkpointing"));
   s.adamw = AdamWOptions::from_config(config);
