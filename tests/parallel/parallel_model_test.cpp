@@ -54,7 +54,8 @@ ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options
 }
 
 // Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others).
-std::map<std::string, at::Tensor> whole_tensors_on_device_0(ParallelModel& pm, const std::vector<at::Tensor>& shard_buffers) {
+std::map<std::string, at::Tensor> whole_tensors_on_device_0(ParallelModel& pm,
+                                                            const std::vector<at::Tensor>& shard_buffers) {
   std::map<std::string, at::Tensor> whole;
   pm.assemble_whole_tensors(shard_buffers, [](size_t) { return 0; },
                             [&](size_t, const std::string& name, const at::Tensor& t) { whole[name] = t; });

@@ -2,19 +2,9 @@
 #include "meshtrain/data/global_sampler.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/mix.hpp"
 
 namespace meshtrain::data {
-namespace {
-
-// SplitMix64's finalizer: a strong 64-bit mix, the Feistel round function.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 IndexPermutation::IndexPermutation(uint64_t size, uint64_t key) : size_(size) {
   MT_CHECK(size > 0, "a permutation needs a non-empty domain");
@@ -22,13 +12,13 @@ IndexPermutation::IndexPermutation(uint64_t size, uint64_t key) : size_(size) {
   while (bits < 64 && (uint64_t{1} << bits) < size) bits += 2;  // an even bit count, so both halves are equal
   half_bits_ = bits / 2;
   half_mask_ = (uint64_t{1} << half_bits_) - 1;
-  for (int r = 0; r < 4; ++r) round_keys_[r] = mix64(key ^ mix64(static_cast<uint64_t>(r) + 1));
+  for (int r = 0; r < 4; ++r) round_keys_[r] = splitmix64(key ^ splitmix64(static_cast<uint64_t>(r) + 1));
 }
 
 uint64_t IndexPermutation::encrypt(uint64_t value) const {
   uint64_t left = value >> half_bits_, right = value & half_mask_;
   for (uint64_t key : round_keys_) {
-    uint64_t next_right = left ^ (mix64(right ^ key) & half_mask_);
+    uint64_t next_right = left ^ (splitmix64(right ^ key) & half_mask_);
     left = right;
     right = next_right;
   }
@@ -56,7 +46,8 @@ int64_t GlobalSampler::sample_at(int64_t epoch, int64_t step, int64_t row) const
   MT_CHECK(step >= 0 && step < batches_per_epoch(), "step {} is outside the epoch's {} batches", step,
            batches_per_epoch());
   MT_CHECK(row >= 0 && row < global_batch_size_, "row {} is outside the global batch of {}", row, global_batch_size_);
-  IndexPermutation order(static_cast<uint64_t>(num_samples_), mix64(seed_) ^ mix64(~static_cast<uint64_t>(epoch)));
+  IndexPermutation order(static_cast<uint64_t>(num_samples_),
+                         splitmix64(seed_) ^ splitmix64(~static_cast<uint64_t>(epoch)));
   return static_cast<int64_t>(order(static_cast<uint64_t>(step * global_batch_size_ + row)));
 }
 

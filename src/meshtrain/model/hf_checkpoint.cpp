@@ -238,7 +238,8 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
 
   // The parameters of the model the config describes (allocated, never written: no memory is touched).
   std::map<std::string, std::vector<int64_t>> params;
-  for (const auto& named : LlamaForCausalLM(config).named_parameters()) params[named.key()] = named.value().sizes().vec();
+  for (const auto& named : LlamaForCausalLM(config).named_parameters())
+    params[named.key()] = named.value().sizes().vec();
 
   CheckpointTensors tensors;
   tensors.dir_ = dir;
@@ -321,7 +322,8 @@ SliceSource CheckpointTensors::source(const std::string& suffix) const {
 }
 
 void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
-  const CheckpointTensors tensors = CheckpointTensors::weights(dir, model.config(), CheckpointTensors::Verify::against_marker);
+  const CheckpointTensors tensors =
+      CheckpointTensors::weights(dir, model.config(), CheckpointTensors::Verify::against_marker);
   torch::NoGradGuard no_grad;
   auto params = model.named_parameters();
   for (auto& named : params) {

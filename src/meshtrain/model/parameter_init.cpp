@@ -1,19 +1,14 @@
 // parameter_init.cpp — the counter-based initializer.
 #include "meshtrain/model/parameter_init.hpp"
 
+#include "meshtrain/common/mix.hpp"
+
 #include <ATen/Parallel.h>
 
 #include <cmath>
 
 namespace meshtrain::model {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 0xcbf29ce484222325ull;

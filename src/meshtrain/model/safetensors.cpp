@@ -66,7 +66,8 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(AtomicFileWriter& out, std::vec
     e.begin = offset;
     e.end = offset + nbytes_of(e.dtype, e.shape, e.name);
     offset = e.end;
-    header[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    header[e.name] = {
+        {"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned

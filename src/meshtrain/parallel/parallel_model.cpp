@@ -238,7 +238,8 @@ void ParallelModel::assemble_whole_tensors(
       const int dest = owner(index);
       // The piece of this member in shard f of block t, as a slice of the whole parameter.
       auto piece = [&](int f, int t) -> std::optional<std::pair<model::ParameterSlice, int64_t>> {
-        const int64_t lo = std::max(f * shard_numel, m.offset), hi = std::min((f + 1) * shard_numel, m.offset + m.numel);
+        const int64_t lo = std::max(f * shard_numel, m.offset);
+        const int64_t hi = std::min((f + 1) * shard_numel, m.offset + m.numel);
         if (lo >= hi) return std::nullopt;
         const model::ParameterSlice block = tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size);
         return std::make_pair(block.range(lo - m.offset, hi - m.offset), lo - f * shard_numel);
@@ -280,7 +281,8 @@ void ParallelModel::assemble_whole_tensors(
 void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers, const model::SliceSource& values) {
   MT_CHECK(shard_buffers.size() == layers_.size() + 1, "{} shard buffers for {} units", shard_buffers.size(),
            layers_.size() + 1);
-  for (size_t u = 0; u < shard_buffers.size(); ++u) (u == 0 ? *root_ : *layers_[u - 1]).fill_shard(shard_buffers[u], values);
+  for (size_t u = 0; u < shard_buffers.size(); ++u)
+    (u == 0 ? *root_ : *layers_[u - 1]).fill_shard(shard_buffers[u], values);
 }
 
 std::string ParallelModel::memory_summary() const {

@@ -59,9 +59,10 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
     weights_file = std::make_unique<StreamedFile>(dir / model::weights_file_name(device, writers), std::move(weights));
     optimizer_file = std::make_unique<StreamedFile>(dir / optimizer_file_name(device, writers), std::move(moments));
   }
-  model.assemble_whole_tensors(model.parameter_shards(), owner, [&](size_t, const std::string&, const at::Tensor& whole) {
-    weights_file->tensors.write_next(whole);
-  });
+  model.assemble_whole_tensors(model.parameter_shards(), owner,
+                               [&](size_t, const std::string&, const at::Tensor& whole) {
+                                 weights_file->tensors.write_next(whole);
+                               });
   for (const std::vector<at::Tensor>* moments : {&optimizer.exp_avg(), &optimizer.exp_avg_sq()})
     model.assemble_whole_tensors(*moments, owner, [&](size_t, const std::string&, const at::Tensor& whole) {
       optimizer_file->tensors.write_next(whole);

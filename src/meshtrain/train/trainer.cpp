@@ -159,8 +159,8 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   else if (!settings.init_from.empty())
     checkpoint_weights.emplace(model::CheckpointTensors::weights(settings.init_from, model_config,
                                                                  model::CheckpointTensors::Verify::against_marker));
-  const model::SliceSource initial_values = checkpoint_weights ? checkpoint_weights->source()
-                                                               : model::initial_value_source(model_config, settings.seed);
+  const model::SliceSource initial_values =
+      checkpoint_weights ? checkpoint_weights->source() : model::initial_value_source(model_config, settings.seed);
 
   // Shared by the device threads: `settings` (immutable), `pipeline` (its next() is thread-safe), `metrics` (used by
   // the reporter thread only), `resume` (read only), `checkpoint_weights` (const reads, each a pread).
