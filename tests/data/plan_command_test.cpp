@@ -7,19 +7,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <sstream>
 
 namespace meshtrain::testing {
 namespace {
-
-// The line of `output` that is a JSON object (logs go around it).
-nlohmann::json json_line(const std::string& output) {
-  std::istringstream lines(output);
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty() && line.front() == '{') return nlohmann::json::parse(line);
-  ADD_FAILURE() << "no JSON object in: " << output;
-  return {};
-}
 
 TEST(PlanCommandTest, JsonDataMemberNamesTheSamplesAndRowsOfEveryHostAndDevice) {
   const ProcessResult r = run_meshtrain({"plan", "--json", "--hosts", "2", "--devices-per-host", "4", "--step", "3",

@@ -1,10 +1,13 @@
 // process_runner.cpp — fork/exec with a merged output pipe and a wall-clock limit, for multi-host tests.
 #include "runtime/process_runner.hpp"
 
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <sstream>
 
 namespace meshtrain::testing {
 
@@ -58,6 +61,14 @@ ProcessResult run_meshtrain(const std::vector<std::string>& args, double timeout
   result.exit_code = timed_out ? -2 : (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
+}
+
+nlohmann::json json_line(const std::string& output) {
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line.front() == '{') return nlohmann::json::parse(line);
+  ADD_FAILURE() << "no JSON object in: " << output;
+  return {};
 }
 
 }  // namespace meshtrain::testing

@@ -1,8 +1,10 @@
 // main.cpp — `meshtrain <verb> ...`: dispatches to the verbs in commands.hpp and prints user errors plainly.
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/runtime/block_cache_allocator.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <malloc.h>
 #include <string>
@@ -32,22 +34,33 @@ void print_usage() {
   std::fprintf(stderr, "\n`meshtrain <verb> --help` describes a verb's options.\n");
 }
 
-// glibc's default malloc hands the step's large tensor buffers back to the kernel (mmap'd chunks are unmapped on
-// free, per-thread arenas drop whole 64 MB heaps as they empty), so every training step page-faults all of its
-// activations and gradients in again: ~130k faults per step for llama-10m at 8 x 256 tokens, a third of the step.
-// Keep the memory instead: one arena (the device threads' arenas were the ones releasing heaps), no mmap'd chunks,
-// no trimming. The process then holds on to its high-water mark, which the next step needs anyway. Must run before
-// any thread starts (M_ARENA_MAX applies to arenas created later).
-void keep_freed_memory() {
+// MESHTRAIN_CPU_ALLOCATOR=malloc leaves every tensor to malloc (the comparison in BENCHMARKS.md, "Memory per host");
+// block_cache (or unset) is the default; any other value is refused (false).
+// Small allocations stay in glibc's heap, kept rather than handed back: one arena (per-thread arenas dropped and
+// re-faulted whole 64 MB heaps), no mmap'd chunks, no trimming; the trainer trims at step boundaries
+// (common/heap.hpp). Tensors of 1 MiB and more go to the block cache (runtime/block_cache_allocator.hpp), which keeps
+// them mapped for the next step without letting them fragment the heap. Must run before any thread starts
+// (M_ARENA_MAX applies to arenas created later).
+bool set_up_memory() {
   mallopt(M_ARENA_MAX, 1);
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, -1);
+  const char* allocator = std::getenv("MESHTRAIN_CPU_ALLOCATOR");
+  if (allocator != nullptr && !std::strcmp(allocator, "malloc")) return true;
+  if (allocator != nullptr && std::strcmp(allocator, "block_cache") != 0) {
+    std::fprintf(stderr,
+                 "meshtrain: error: MESHTRAIN_CPU_ALLOCATOR='%s': expected block_cache (the default) or malloc\n",
+                 allocator);
+    return false;
+  }
+  meshtrain::runtime::install_block_cache_allocator();
+  return true;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  keep_freed_memory();
+  if (!set_up_memory()) return 2;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage();
     return argc < 2 ? 2 : 0;

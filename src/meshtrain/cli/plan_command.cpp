@@ -3,11 +3,13 @@
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/cli/job_options.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/data/global_sampler.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
 #include "meshtrain/sharding/visualize.hpp"
+#include "meshtrain/train/memory_plan.hpp"
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -97,6 +99,27 @@ void print_data_plan(const StepPlan& plan, const mesh::Mesh& mesh, const config:
   }
 }
 
+// The memory plan of the job (train/memory_plan.hpp) and whether it fits this machine.
+nlohmann::json memory_json(const config::Config& config, const mesh::Mesh& mesh) {
+  const train::TrainSettings settings = train::TrainSettings::from_config(config);
+  const train::MemoryPlan plan = train::plan_memory(settings, train::memory_layout(config, settings, mesh));
+  const MemoryAvailable available = available_memory();
+  std::string verdict = "fits";
+  try {
+    train::check_memory_fits(settings, plan, available);
+  } catch (const UserError& e) {
+    verdict = e.what();
+  }
+  const train::DeviceMemory& d = plan.device;
+  return {{"model_parameters", settings.model.parameter_count()},
+          {"per_device", {{"parameters", d.parameters}, {"gradients", d.gradients}, {"optimizer", d.optimizer},
+                          {"gathered", d.gathered}, {"activations", d.activations}, {"logits", d.logits},
+                          {"total", d.total()}}},
+          {"rows_per_device", plan.layout.rows_per_device}, {"devices_per_host", plan.layout.devices_per_host},
+          {"process", train::kProcessBytes}, {"per_host", plan.host_total()}, {"describe", plan.describe()},
+          {"available", available.bytes}, {"available_source", available.source}, {"verdict", verdict}};
+}
+
 }  // namespace
 
 int plan_command(int argc, char** argv) {
@@ -109,6 +132,10 @@ int plan_command(int argc, char** argv) {
   app.add_option("--hosts", hosts, "hosts in the job")->capture_default_str();
   app.add_option("--devices-per-host", devices_per_host, "devices per host")->capture_default_str();
   app.add_flag("--json", as_json, "print one JSON object");
+  bool show_memory = false;
+  app.add_flag("--memory", show_memory,
+               "print the memory plan per device and per host (and whether it fits this machine) instead of the data "
+               "plan; needs no dataset");
   int64_t global_step = 0;
   app.add_option("--step", global_step, "the training step whose samples and rows to show (counted over epochs)")
       ->capture_default_str();
@@ -128,6 +155,25 @@ int plan_command(int argc, char** argv) {
       config::Config::load(
       config_dir.empty() ? config::default_config_dir() : std::filesystem::path(config_dir), overrides);
   mesh::Mesh mesh = mesh::mesh_from_config(config, hosts, devices_per_host);
+  if (show_memory) {
+    const nlohmann::json memory = memory_json(config, mesh);
+    if (as_json) {
+      std::cout << nlohmann::json{{"mesh", mesh_json(mesh)}, {"memory", memory}}.dump() << "\n";
+      return 0;
+    }
+    std::cout << "Logical mesh shape: " << mesh.shape_string() << "\n"
+              << "Model: " << memory["model_parameters"].get<int64_t>() << " parameters ("
+              << config.get_int("model.num_hidden_layers") << " layers x " << config.get_int("model.hidden_size")
+              << " hidden, vocab " << config.get_int("model.vocab_size") << "); global batch "
+              << config.get_int("global_batch_size") << " x " << config.get_int("block_size") << ", " << mesh.hosts()
+              << " hosts x " << mesh.devices_per_host()
+              << " devices per host\n"
+              << "Memory plan: " << memory["describe"].get<std::string>() << "\n"
+              << "This machine: " << gigabytes(memory["available"].get<int64_t>()) << " available ("
+              << memory["available_source"].get<std::string>() << "): " << memory["verdict"].get<std::string>()
+              << "\n";
+    return 0;
+  }
   const StepPlan plan = step_plan(config, mesh, global_step);
   if (as_json) {
     std::cout << nlohmann::json{{"mesh", mesh_json(mesh)}, {"data", data_json(plan)}}.dump() << "\n";

@@ -1,12 +1,11 @@
 // heap.hpp — handing freed heap memory back to the system.
 //
-// libtorch on CPU allocates every tensor with malloc. glibc keeps what is freed inside its heap and reuses it, but
-// hands memory back to the system only from the top of the heap: a training step frees gigabytes of activations
-// and gathered parameters in an order that leaves them in the middle, so the process's resident memory stays at
-// the largest it ever was plus fragmentation. Measured (1 host x 4 devices, llama-100m, fsdp=4, 4 x 128 tokens):
-// 4.6 GB resident after a forward pass, 2.7 GB once trimmed; 3.7 GB after the optimizer step, 2.2 GB trimmed. The
-// trainer calls this after each micro-batch's backward and each optimizer step; it does not lower the peak inside
-// a step (BENCHMARKS.md, "Memory per host").
+// Tensors of 1 MiB and more live in the block cache (runtime/block_cache_allocator.hpp); smaller buffers come from
+// glibc's heap, which main keeps in one arena without automatic trimming. glibc hands memory back to the system only
+// from the top of the heap, so the small buffers a step frees in the middle stay resident until trimmed. The
+// trainer calls this after each micro-batch's backward and each optimizer step, on one device thread per host (a
+// trim covers the whole process). Before the block cache, when every tensor came from this heap, a trim took a
+// 1 host x 4 devices llama-100m run from 4.6 GB to 2.7 GB resident after a forward pass.
 #pragma once
 
 namespace meshtrain {

@@ -4,6 +4,7 @@
 #include "meshtrain/model/llama.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/fused_cross_entropy.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 
 #include <cmath>
@@ -166,7 +167,7 @@ const RopeTables& LlamaForCausalLM::rope_for(int64_t seq_len) {
   return rope_cache_;
 }
 
-torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
+torch::Tensor LlamaForCausalLM::hidden_states(const torch::Tensor& tokens_BT) {
   MT_USER_CHECK(tokens_BT.dim() == 2 && tokens_BT.scalar_type() == torch::kInt64,
                 "model input must be int64 tokens [batch, seq], got {} {}", c10::toString(tokens_BT.scalar_type()),
                 c10::str(tokens_BT.sizes()));
@@ -179,10 +180,22 @@ torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
     LlamaDecoderLayer& layer = *model->layers[i];
     x_BTD = layer_runner_ ? layer_runner_(static_cast<int64_t>(i), layer, x_BTD, rope) : layer.forward(x_BTD, rope);
   }
-  x_BTD = model->norm->forward(x_BTD);
-  torch::Tensor logits_BTV = lm_head ? lm_head->forward(x_BTD)
-                                     : torch::matmul(x_BTD, model->embed_tokens->weight.to(compute_dtype_).t());
-  return logits_BTV.to(torch::kFloat32);
+  return model->norm->forward(x_BTD);
+}
+
+torch::Tensor LlamaForCausalLM::head_weight() {
+  return lm_head ? lm_head->named_parameters()["weight"] : model->embed_tokens->weight;
+}
+
+torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
+  const torch::Tensor x_BTD = hidden_states(tokens_BT);
+  return torch::matmul(x_BTD, head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
+}
+
+torch::Tensor LlamaForCausalLM::loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT) {
+  const torch::Tensor x_BTD = hidden_states(tokens_BT);
+  return fused_cross_entropy_sum(x_BTD.reshape({-1, x_BTD.size(-1)}), head_weight(), targets_BT.reshape({-1}),
+                                 cross_entropy_chunk_rows(config_.vocab_size));
 }
 
 std::vector<std::string> LlamaForCausalLM::linear_names() const {

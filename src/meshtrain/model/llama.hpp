@@ -129,6 +129,13 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
 
   // Logits [B, T, V] in fp32 for int64 tokens [B, T] (T <= max_position_embeddings).
   torch::Tensor forward(const torch::Tensor& tokens_BT);
+  // The final-normed hidden states [B, T, D] in the compute dtype: the output head's input.
+  torch::Tensor hidden_states(const torch::Tensor& tokens_BT);
+  // The output head's weight [V, D]: lm_head's, or the embedding table when tied.
+  torch::Tensor head_weight();
+  // Sum over tokens of the cross entropy of targets_BT, as an fp32 scalar, without the [B, T, V] logits
+  // (model/fused_cross_entropy.hpp): the training loss.
+  torch::Tensor loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT);
 
   const LlamaConfig& config() const { return config_; }
   void set_compute_dtype(torch::Dtype dtype);  // kFloat32 (default) or kBFloat16

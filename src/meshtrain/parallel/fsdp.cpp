@@ -92,19 +92,25 @@ void FsdpUnit::reduce_gradients_from_params() {
   free_full();
 }
 
-void FsdpUnit::fill_shard(at::Tensor& shard_buffer, const model::SliceSource& values) const {
+std::optional<FsdpUnit::ShardPiece> FsdpUnit::piece_in_shard(const Member& m, int shard,
+                                                              const model::ParameterSlice& block) const {
   const int64_t shard_numel = padded_numel_ / comm_.size();
-  const int64_t begin = comm_.rank() * shard_numel, end = begin + shard_numel;
-  MT_CHECK(shard_buffer.numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}", label_,
-           shard_buffer.numel(), shard_numel);
+  const int64_t lo = std::max(shard * shard_numel, m.offset), hi = std::min((shard + 1) * shard_numel, m.offset + m.numel);
+  if (lo >= hi) return std::nullopt;
+  return ShardPiece{block.range(lo - m.offset, hi - m.offset), lo - shard * shard_numel};
+}
+
+void FsdpUnit::fill_shard(at::Tensor& shard_buffer, const model::SliceSource& values) const {
+  MT_CHECK(shard_buffer.numel() == padded_numel_ / comm_.size(), "unit {}: a shard buffer of {} elements, expected {}",
+           label_, shard_buffer.numel(), padded_numel_ / comm_.size());
   shard_buffer.zero_();
   for (const Member& m : members_) {
-    const int64_t lo = std::max(begin, m.offset), hi = std::min(end, m.offset + m.numel);
-    if (lo >= hi) continue;
-    const model::ParameterSlice slice = m.block.range(lo - m.offset, hi - m.offset);
-    const at::Tensor piece = values(slice);
-    MT_CHECK(piece.numel() == slice.numel(), "unit {}: {} values for {}", label_, piece.numel(), slice.describe());
-    shard_buffer.narrow(0, lo - begin, hi - lo).copy_(piece.reshape({-1}));
+    const std::optional<ShardPiece> piece = piece_in_shard(m, comm_.rank(), m.block);
+    if (!piece) continue;
+    const at::Tensor piece_values = values(piece->slice);
+    MT_CHECK(piece_values.numel() == piece->slice.numel(), "unit {}: {} values for {}", label_, piece_values.numel(),
+             piece->slice.describe());
+    shard_buffer.narrow(0, piece->offset_in_shard, piece->slice.numel()).copy_(piece_values.reshape({-1}));
   }
 }
 

@@ -66,6 +66,15 @@ class FsdpUnit {
   // grad_shard() (added), resets the .grads and frees the full buffer.
   void reduce_gradients_from_params();
 
+  // The part of member `m` that FSDP shard `shard` of tensor block `block` holds (`block` is m's block on the tensor
+  // rank in question: m.block for this device's), as a slice of the whole parameter and its offset in the shard;
+  // nullopt when that shard holds none of m.
+  struct ShardPiece {
+    model::ParameterSlice slice;
+    int64_t offset_in_shard = 0;
+  };
+  std::optional<ShardPiece> piece_in_shard(const Member& m, int shard, const model::ParameterSlice& block) const;
+
   // Writes this rank's shard of the members' values into `shard_buffer`, asking `values` for each member's piece in
   // the shard. No communication.
   void fill_shard(at::Tensor& shard_buffer, const model::SliceSource& values) const;

@@ -153,6 +153,11 @@ at::Tensor ParallelModel::forward(const at::Tensor& tokens_BT) {
   return model_->forward(tokens_BT);
 }
 
+at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT) {
+  root_->gather();
+  return model_->loss_sum(tokens_BT, targets_BT);
+}
+
 void ParallelModel::finish_backward() { root_->reduce_gradients_from_params(); }
 
 void ParallelModel::synchronize_gradients() {
@@ -202,8 +207,8 @@ std::vector<at::Tensor> ParallelModel::gradient_shards() {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::whole_parameter_shapes() const {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  for (size_t u = 0; u <= layers_.size(); ++u)
-    for (const FsdpUnit::Member& m : (u == 0 ? *root_ : *layers_[u - 1]).members())
+  for (size_t u = 0; u < num_units(); ++u)
+    for (const FsdpUnit::Member& m : unit(u).members())
       shapes.emplace_back(m.name, m.block.full_shape);
   return shapes;
 }
@@ -211,8 +216,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::whole_p
 void ParallelModel::assemble_whole_tensors(
     const std::vector<at::Tensor>& shard_buffers, const std::function<int(size_t)>& owner,
     const std::function<void(size_t, const std::string&, const at::Tensor&)>& fn) {
-  MT_CHECK(shard_buffers.size() == layers_.size() + 1, "{} shard buffers for {} units", shard_buffers.size(),
-           layers_.size() + 1);
+  MT_CHECK(shard_buffers.size() == num_units(), "{} shard buffers for {} units", shard_buffers.size(), num_units());
   runtime::Comm& world = ctx_.world();
   const mesh::Mesh& mesh = ctx_.mesh();
   const std::vector<mesh::Axis> all_axes(mesh::kAllAxes.begin(), mesh::kAllAxes.end());
@@ -230,19 +234,15 @@ void ParallelModel::assemble_whole_tensors(
 
   size_t index = 0;
   for (size_t u = 0; u < shard_buffers.size(); ++u) {
-    const FsdpUnit& unit = u == 0 ? *root_ : *layers_[u - 1];
-    const int64_t shard_numel = unit.padded_numel() / fsdp_size;
+    const FsdpUnit& this_unit = unit(u);
+    const int64_t shard_numel = this_unit.padded_numel() / fsdp_size;
     MT_CHECK(shard_buffers[u].numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}",
-             unit.label(), shard_buffers[u].numel(), shard_numel);
-    for (const FsdpUnit::Member& m : unit.members()) {
+             this_unit.label(), shard_buffers[u].numel(), shard_numel);
+    for (const FsdpUnit::Member& m : this_unit.members()) {
       const int dest = owner(index);
-      // The piece of this member in shard f of block t, as a slice of the whole parameter.
-      auto piece = [&](int f, int t) -> std::optional<std::pair<model::ParameterSlice, int64_t>> {
-        const int64_t lo = std::max(f * shard_numel, m.offset);
-        const int64_t hi = std::min((f + 1) * shard_numel, m.offset + m.numel);
-        if (lo >= hi) return std::nullopt;
-        const model::ParameterSlice block = tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size);
-        return std::make_pair(block.range(lo - m.offset, hi - m.offset), lo - f * shard_numel);
+      // The piece of this member in shard f of tensor block t.
+      auto piece = [&](int f, int t) {
+        return this_unit.piece_in_shard(m, f, tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size));
       };
       std::vector<std::pair<int, at::Tensor>> sends, receives;
       std::vector<std::pair<model::ParameterSlice, at::Tensor>> pieces;  // on the owner
@@ -252,15 +252,15 @@ void ParallelModel::assemble_whole_tensors(
           if (!p) continue;
           const int source = holder(f, t);
           if (source == me) {
-            const at::Tensor mine = shard_buffers[u].narrow(0, p->second, p->first.numel()).contiguous();
+            const at::Tensor mine = shard_buffers[u].narrow(0, p->offset_in_shard, p->slice.numel()).contiguous();
             if (dest == me)
-              pieces.emplace_back(p->first, mine);
+              pieces.emplace_back(p->slice, mine);
             else
               sends.emplace_back(dest, mine);
           } else if (dest == me) {
-            at::Tensor buffer = at::empty({p->first.numel()}, at::kFloat);
+            at::Tensor buffer = at::empty({p->slice.numel()}, at::kFloat);
             receives.emplace_back(source, buffer);
-            pieces.emplace_back(p->first, buffer);
+            pieces.emplace_back(p->slice, buffer);
           }
         }
       if (!sends.empty() || !receives.empty()) world.exchange(sends, receives, static_cast<int>(index));
@@ -279,10 +279,8 @@ void ParallelModel::assemble_whole_tensors(
 }
 
 void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers, const model::SliceSource& values) {
-  MT_CHECK(shard_buffers.size() == layers_.size() + 1, "{} shard buffers for {} units", shard_buffers.size(),
-           layers_.size() + 1);
-  for (size_t u = 0; u < shard_buffers.size(); ++u)
-    (u == 0 ? *root_ : *layers_[u - 1]).fill_shard(shard_buffers[u], values);
+  MT_CHECK(shard_buffers.size() == num_units(), "{} shard buffers for {} units", shard_buffers.size(), num_units());
+  for (size_t u = 0; u < num_units(); ++u) unit(u).fill_shard(shard_buffers[u], values);
 }
 
 std::string ParallelModel::memory_summary() const {

@@ -51,6 +51,9 @@ class ParallelModel {
 
   // Logits [B, T, V] (fp32) of this device's int64 tokens; gathers the root unit (kept until finish_backward).
   at::Tensor forward(const at::Tensor& tokens_BT);
+  // The same pass ending in the training loss instead of the logits: the sum of the token cross entropies of
+  // targets_BT (fp32 scalar; model::LlamaForCausalLM::loss_sum, the logits never whole).
+  at::Tensor loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT);
   // After loss.backward(): reduce-scatters the root unit's gradients (the layers' were during the backward).
   void finish_backward();
   // After the last micro-batch of a step: all-reduces every gradient shard over `data`.
@@ -89,6 +92,10 @@ class ParallelModel {
   runtime::Comm& fsdp_comm_;
   runtime::Comm& tensor_comm_;
   runtime::Comm& data_comm_;
+  // Unit u of the checkpoint and shard-buffer order: 0 the root, then the layers.
+  const FsdpUnit& unit(size_t u) const { return u == 0 ? *root_ : *layers_[u - 1]; }
+  size_t num_units() const { return layers_.size() + 1; }
+
   std::unique_ptr<FsdpUnit> root_;                  // embedding, final norm, head
   std::vector<std::unique_ptr<FsdpUnit>> layers_;  // one per decoder layer
 };

@@ -3,6 +3,7 @@
 
 #include "meshtrain/common/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace meshtrain::train {
@@ -28,13 +29,15 @@ AdamWOptions AdamWOptions::from_config(const config::Config& config) {
 }
 
 AdamW::AdamW(AdamWOptions options, std::vector<at::Tensor> params) : options_(options), params_(std::move(params)) {
+  int64_t largest = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     MT_CHECK(p.defined() && p.scalar_type() == at::kFloat, "AdamW: parameter {} must be a defined fp32 tensor", i);
     exp_avg_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
     exp_avg_sq_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
-    denom_.push_back(at::empty_like(p, at::MemoryFormat::Preserve));
+    largest = std::max(largest, p.numel());
   }
+  denom_scratch_ = at::empty({largest}, at::kFloat);
 }
 
 void AdamW::step(const std::vector<at::Tensor>& grads, double lr) {
@@ -55,8 +58,9 @@ void AdamW::step(const std::vector<at::Tensor>& grads, double lr) {
     if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
     exp_avg_[i].mul_(beta1).add_(g, 1 - beta1);
     exp_avg_sq_[i].mul_(beta2).addcmul_(g, g, 1 - beta2);
-    at::sqrt_out(denom_[i], exp_avg_sq_[i]).div_(bias_correction2_sqrt).add_(options_.epsilon);
-    p.addcdiv_(exp_avg_[i], denom_[i], -step_size);
+    at::Tensor denom = denom_scratch_.narrow(0, 0, p.numel()).view(p.sizes());
+    at::sqrt_out(denom, exp_avg_sq_[i]).div_(bias_correction2_sqrt).add_(options_.epsilon);
+    p.addcdiv_(exp_avg_[i], denom, -step_size);
   }
 }
 

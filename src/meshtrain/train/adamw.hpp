@@ -49,7 +49,9 @@ class AdamW {
  private:
   AdamWOptions options_;
   std::vector<at::Tensor> params_, exp_avg_, exp_avg_sq_;
-  std::vector<at::Tensor> denom_;  // scratch per parameter, so a step allocates nothing
+  // The update's denominator, one buffer the size of the largest parameter reused by every parameter: a step
+  // allocates nothing, and the scratch costs one parameter's size, not the model's.
+  at::Tensor denom_scratch_;
   int64_t steps_taken_ = 0;
 };
 

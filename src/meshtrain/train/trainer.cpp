@@ -4,16 +4,19 @@
 #include "meshtrain/common/build_id.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/heap.hpp"
+#include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
+#include "meshtrain/runtime/block_cache_allocator.hpp"
 #include "meshtrain/train/adamw.hpp"
 #include "meshtrain/train/checkpoint_dirs.hpp"
 #include "meshtrain/train/grad_clip.hpp"
 #include "meshtrain/train/lr_schedule.hpp"
+#include "meshtrain/train/memory_plan.hpp"
 #include "meshtrain/train/mesh_checkpoint.hpp"
 #include "meshtrain/train/metrics.hpp"
 #include "meshtrain/train/train_settings.hpp"
@@ -103,6 +106,16 @@ std::map<std::string, int64_t> collective_bytes(const runtime::CollectiveCounter
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// The host's peak resident memory against the plan, and what the block cache held (runtime/block_cache_allocator.hpp).
+void log_memory_used(int host, const MemoryPlan& plan) {
+  const runtime::BlockCacheStats cache = runtime::block_cache_stats();
+  log::info("Memory used on host {}: peak resident {} (planned {}); tensors of 1 MiB and more: peak live {}, peak "
+            "mapped {} ({} reused, {} mapped, {} unmapped to stay under the cap)",
+            host, gigabytes(peak_resident_bytes()), gigabytes(plan.host_total()),
+            gigabytes(static_cast<int64_t>(cache.peak_live_bytes)),
+            gigabytes(static_cast<int64_t>(cache.peak_mapped_bytes)), cache.reused, cache.mapped, cache.unmapped);
+}
+
 }  // namespace
 
 void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, runtime::HostRuntime& runtime) {
@@ -129,6 +142,9 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
                 "a model and dataset that fit (model=llama-tiny with dataset=moby-dick-byte), or widen the model "
                 "(model.vocab_size=50304 for dataset=moby-dick-gpt2)", model_config.vocab_size, pipeline.vocab_size(),
                 pipeline.tokenizer_fingerprint());
+  const MemoryPlan memory_plan = plan_memory(settings, memory_layout(config, settings, mesh));
+  log::info("Memory plan: {}", memory_plan.describe());
+  if (config.get_bool("memory.check")) check_memory_fits(settings, memory_plan, available_memory());
   runtime.agree_on_job(job_facts(config, mesh, settings, pipeline, resume, start_cursor));
   if (start_step >= settings.max_steps) {
     log::info("Nothing to train: {} is at step {} and max_steps={} (use another output_dir, or "
@@ -194,14 +210,12 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       const std::vector<at::Tensor> input_chunks = inputs_BT.chunk(settings.micro_batches, 0);
       const std::vector<at::Tensor> label_chunks = labels_BT.chunk(settings.micro_batches, 0);
       for (int64_t m = 0; m < settings.micro_batches; ++m) {
-        const at::Tensor logits_BTV = parallel_model.forward(input_chunks[m]);
-        const at::Tensor loss_sum = torch::nn::functional::cross_entropy(
-            logits_BTV.reshape({-1, logits_BTV.size(-1)}), label_chunks[m].reshape({-1}),
-            torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+        const at::Tensor loss_sum = parallel_model.loss_sum(input_chunks[m], label_chunks[m]);
         (loss_sum / (static_cast<double>(global_tokens) * replicas)).backward();
         parallel_model.finish_backward();
         local_loss_sum += loss_sum.item<double>();
-        release_freed_heap_memory();  // the micro-batch's activations (common/heap.hpp says why)
+        // The micro-batch's small buffers (common/heap.hpp says why); one trim serves the whole process.
+        if (reporter) release_freed_heap_memory();
       }
       parallel_model.synchronize_gradients();
       const double grad_norm = parallel_model.gradient_norm();
@@ -210,7 +224,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       const double lr = settings.schedule.at(step);
       optimizer.step(grads, lr);
       parallel_model.zero_gradients();
-      release_freed_heap_memory();
+      if (reporter) release_freed_heap_memory();
       at::Tensor loss = at::tensor({local_loss_sum}, at::kDouble);
       batch_comm.allreduce_sum(loss);
 
@@ -252,6 +266,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
     }
   });
   log::info("Training finished on host {} at step {}", host, settings.max_steps);
+  log_memory_used(host, memory_plan);
 }
 
 }  // namespace meshtrain::train

@@ -1,0 +1,44 @@
+// block_cache_allocator.hpp — the CPU allocator a meshtrain host process installs for libtorch: large tensor
+// buffers are mapped blocks kept for reuse, bounded by the process's peak of live bytes.
+//
+// Why (BENCHMARKS.md, "Memory per host"): libtorch on CPU takes every tensor from malloc. Kept in glibc's heap,
+// the gigabytes a step frees (activations, gathered units, logits) stay resident and fragment between device
+// threads (heaptrack: 3.7 GB live, 6.6 GB resident at fsdp=4); handed back to the kernel instead (glibc's mmap
+// chunks), every step page-faults them in again (a third of a llama-10m step). This allocator keeps freed large
+// blocks mapped in per-size classes, so the next step reuses them without faults, and caps what it keeps: when a
+// request misses the cache and the mapped total would pass the peak of live bytes plus a slack (half the peak), it
+// unmaps the least recently freed blocks first. Resident memory then follows the live peak, not its fragmentation.
+//
+// Requests below kLargeBlockBytes go to libtorch's own allocator (malloc). Not installed under AddressSanitizer,
+// which must see every buffer's free to find a use after it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace meshtrain::runtime {
+
+// Requests of at least this many bytes are mapped blocks.
+inline constexpr size_t kLargeBlockBytes = size_t{1} << 20;
+
+struct BlockCacheStats {
+  size_t live_bytes = 0;         // bytes of the large blocks handed out and not yet freed
+  size_t cached_bytes = 0;       // bytes of the large blocks freed and kept mapped for reuse
+  size_t peak_live_bytes = 0;    // the most bytes (size classes) live tensors have asked for at once
+  size_t peak_mapped_bytes = 0;  // the most live_bytes + cached_bytes has been
+  uint64_t reused = 0;           // requests served from the cache
+  uint64_t mapped = 0;           // requests that mapped a new block
+  uint64_t unmapped = 0;         // cached blocks given back to the kernel to stay under the cap
+};
+
+// Makes the block cache libtorch's CPU allocator for the rest of the process (idempotent). Call before the device
+// threads start. Returns false (and changes nothing) in an AddressSanitizer build.
+bool install_block_cache_allocator();
+
+// The cache's counters (all zero when not installed).
+BlockCacheStats block_cache_stats();
+
+// Size class of a large request: rounded up to an eighth of its power of two (at most 12.5% more), in whole pages.
+size_t block_size_class(size_t bytes);
+
+}  // namespace meshtrain::runtime

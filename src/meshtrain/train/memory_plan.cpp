@@ -1,0 +1,145 @@
+// memory_plan.cpp — the per-device and per-host memory estimate of a training job and the start-up refusal
+// (memory_plan.hpp lists what is counted and why).
+#include "meshtrain/train/memory_plan.hpp"
+
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/data/read_plan.hpp"
+#include "meshtrain/model/fused_cross_entropy.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace meshtrain::train {
+namespace {
+
+int64_t bytes_of(at::ScalarType dtype) { return dtype == at::kFloat ? 4 : 2; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+MemoryLayout memory_layout(const config::Config& config, const TrainSettings& settings, const mesh::Mesh& mesh) {
+  const int64_t batch_row_shards = mesh.size_along(data::input_sharding(config).dims.at(0));
+  MemoryLayout layout;
+  layout.fsdp = mesh.size(mesh::Axis::fsdp);
+  layout.tensor = mesh.size(mesh::Axis::tensor);
+  layout.devices_per_host = mesh.devices_per_host();
+  layout.rows_per_device = std::max<int64_t>(1, settings.global_batch_size / std::max<int64_t>(1, batch_row_shards));
+  return layout;
+}
+
+MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout) {
+  const model::LlamaConfig& m = settings.model;
+  const int64_t D = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, tp = layout.tensor;
+  const int64_t q_out = m.num_attention_heads * m.head_dim, kv_out = m.num_key_value_heads * m.head_dim;
+  const int64_t F = m.intermediate_size, H = m.num_attention_heads, T = settings.block_size;
+  // Elements of each FSDP unit on one tensor rank: the root (embedding, final norm, untied head) and a layer.
+  const int64_t root = V * D + D + (m.tie_word_embeddings ? 0 : V * D);
+  const int64_t layer = (2 * D * q_out + 2 * D * kv_out + 3 * D * F) / tp + 2 * D;
+  const int64_t root_shard = ceil_div(root, layout.fsdp), layer_shard = ceil_div(layer, layout.fsdp);
+  const int64_t c = bytes_of(settings.compute_dtype), g = bytes_of(settings.parallel.gather_dtype);
+
+  MemoryPlan plan;
+  plan.layout = layout;
+  DeviceMemory& d = plan.device;
+  d.parameters = 4 * (root_shard + L * layer_shard);
+  d.gradients = d.parameters;
+  d.optimizer = 2 * d.parameters + 4 * std::max(root_shard, layer_shard);  // moments + the update's scratch
+  if (layout.fsdp > 1) {
+    // The root stays gathered for the step; its gradient (gather dtype, then an fp32 flat buffer) at the end. Layers:
+    // the one running and the next one prefetched (all of them when kept from forward to backward), one layer's
+    // gradients at a time.
+    const int64_t layers_held = settings.parallel.reshard_after_forward ? 2 : L;
+    d.gathered = (2 * g + 4) * root + g * layers_held * layer + (g + 4) * layer;
+  } else {
+    // The parameters are the shards; autograd's gradients of the root (whole backward) and of one layer at a time,
+    // and with bf16 compute the bf16 copies of every weight that backward keeps.
+    d.gathered = 4 * (root + layer) + (c == 2 ? 2 * (root + L * layer) : 0);
+  }
+  const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.micro_batches) * T;
+  // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs, normalized
+  // values and outputs, q/k before and after RoPE, v, the attention output before o_proj, the residual sums, the
+  // MLP's gate, up, silu and product; the attention scores and probabilities in fp32.
+  const int64_t per_token_layer = c * (8 * D + (5 * q_out + 7 * kv_out + 4 * F) / tp) + 4 * 2 * (H / tp) * T;
+  const int64_t layer_activations = tokens * per_token_layer;
+  const int every = settings.parallel.checkpoint_every;
+  if (every == 0) {
+    d.activations = L * layer_activations;
+  } else {
+    const int64_t checkpointed = ceil_div(L, every);
+    d.activations = checkpointed * tokens * D * c + (L - checkpointed) * layer_activations + layer_activations;
+  }
+  d.activations += 4 * tokens * D * c;  // the embedding output and the final norm
+  // The fused head loss (model/fused_cross_entropy.hpp): the head weight's fp32 gradient and the hidden states'
+  // gradient, kept from forward to backward, and one chunk of logits with its gradient at a time.
+  const int64_t chunk = std::min(tokens, model::cross_entropy_chunk_rows(V));
+  d.logits = 4 * V * D + tokens * D * c + chunk * V * (2 * 4 + c);
+  return plan;
+}
+
+std::string MemoryPlan::describe() const {
+  const DeviceMemory& d = device;
+  return fmt::format(
+      "parameters {} + gradients {} + AdamW {} + {} {} + activations {} + logits {} = {} per device "
+      "({} rows x {} devices per host); {} devices + the process {} = {} per host",
+      gigabytes(d.parameters), gigabytes(d.gradients), gigabytes(d.optimizer),
+      layout.fsdp > 1 ? "FSDP gathers" : "autograd gradients and weight copies", gigabytes(d.gathered),
+      gigabytes(d.activations), gigabytes(d.logits), gigabytes(d.total()), layout.rows_per_device,
+      layout.devices_per_host, layout.devices_per_host, gigabytes(kProcessBytes), gigabytes(host_total()));
+}
+
+void check_memory_fits(const TrainSettings& settings, const MemoryPlan& plan, const MemoryAvailable& available) {
+  if (plan.host_total() <= available.bytes) return;
+  struct Option {
+    std::string change;
+    MemoryPlan plan;
+  };
+  std::vector<Option> options;
+  TrainSettings full = settings;
+  full.parallel.checkpoint_every = 1;
+  if (settings.parallel.checkpoint_every != 1)
+    options.push_back({"activation_checkpointing=full", plan_memory(full, plan.layout)});
+  // Fewer rows per micro-batch (the same global batch): the smallest gradient accumulation that fits.
+  for (int64_t k = settings.micro_batches * 2; k <= plan.layout.rows_per_device; k *= 2) {
+    if (plan.layout.rows_per_device % k != 0) continue;
+    TrainSettings accumulated = settings;
+    accumulated.micro_batches = k;
+    options.push_back({fmt::format("gradient_accumulation_steps={}", k), plan_memory(accumulated, plan.layout)});
+    if (options.back().plan.host_total() <= available.bytes) break;
+  }
+  // More FSDP over more hosts (same devices per host): less state per device and, with the batch rows split over
+  // fsdp, fewer rows; alone and with activation checkpointing.
+  for (int times = 2; times <= 64; times *= 2) {
+    MemoryLayout wider = plan.layout;
+    wider.fsdp *= times;
+    if (wider.rows_per_device % times == 0) wider.rows_per_device /= times;
+    const std::string change = fmt::format("fsdp={} over {}x the hosts (dcn_mesh.fsdp={})", wider.fsdp, times, times);
+    options.push_back({change, plan_memory(settings, wider)});
+    if (settings.parallel.checkpoint_every != 1)
+      options.push_back({change + " with activation_checkpointing=full", plan_memory(full, wider)});
+  }
+  std::vector<std::string> fitting;
+  const Option* smallest = &options.front();
+  for (const Option& o : options) {
+    if (o.plan.host_total() < smallest->plan.host_total()) smallest = &o;
+    if (o.plan.host_total() <= available.bytes && fitting.size() < 3)
+      fitting.push_back(fmt::format("{} ({} per host)", o.change, gigabytes(o.plan.host_total())));
+  }
+  const std::string advice =
+      fitting.empty() ? fmt::format("none of activation checkpointing, gradient accumulation or up to 64x the fsdp "
+                                    "fits; the smallest is {} at {} per host ({} of it activations and logits per "
+                                    "device: a shorter block_size shrinks those)",
+                                    smallest->change, gigabytes(smallest->plan.host_total()),
+                                    gigabytes(smallest->plan.device.activations + smallest->plan.device.logits))
+                      : fmt::format("what would fit: {}", fmt::join(fitting, "; "));
+  throw UserError(fmt::format(
+      "the job needs about {} of memory per host and this host has {} available ({}): {}. Refused before "
+      "allocating anything; {}. (`meshtrain plan --memory` prints the estimate for any layout; memory.check=false "
+      "skips this check.)",
+      gigabytes(plan.host_total()), gigabytes(available.bytes), available.source, plan.describe(), advice));
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,59 @@
+// memory_plan.hpp — how much memory a training job needs per device and per host, estimated from the model's
+// shapes and the layout before anything is allocated, and the refusal (with what would make it fit) when a host
+// does not have it. `train` logs the plan and checks it at start-up; `meshtrain plan --memory` prints it for any
+// layout without starting.
+//
+// Per device: the fp32 parameter shard, its gradient shard, the AdamW moments (+ one shard-sized scratch), what
+// FSDP gathers during a step (the root unit for the whole step, one layer and the next one prefetched, and their
+// gradients before the reduce-scatter; with fsdp=1 and bf16 compute, the bf16 weight copies kept for backward),
+// the activations autograd keeps for backward (per layer and token, from the ops in model/llama.cpp; with
+// activation checkpointing only each checkpointed layer's input plus one layer being recomputed) and the loss (the
+// fused head cross-entropy's kept gradients and one chunk of logits). Per host: the devices of the host plus the
+// process itself (libtorch, Gloo, the data loader; measured, kProcessBytes).
+#pragma once
+
+#include "meshtrain/common/host_memory.hpp"
+#include "meshtrain/train/train_settings.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace meshtrain::train {
+
+// Resident memory of a host process before any model state (libtorch, Gloo, the loader's buffers), measured.
+inline constexpr int64_t kProcessBytes = int64_t{300} << 20;
+
+// The layout numbers the estimate depends on.
+struct MemoryLayout {
+  int fsdp = 1;
+  int tensor = 1;
+  int devices_per_host = 1;
+  int64_t rows_per_device = 1;  // of one global batch (before gradient accumulation splits them)
+};
+
+struct DeviceMemory {
+  int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, activations = 0;
+  int64_t logits = 0;  // the loss: the fused cross-entropy's gradients and one chunk of logits
+  int64_t total() const { return parameters + gradients + optimizer + gathered + activations + logits; }
+};
+
+struct MemoryPlan {
+  MemoryLayout layout;
+  DeviceMemory device;
+  int64_t host_total() const { return layout.devices_per_host * device.total() + kProcessBytes; }
+  // "parameters 0.40 GB + gradients 0.40 GB + ... = 2.91 GB per device; 4 devices + process 0.31 GB = 11.97 GB per
+  // host"
+  std::string describe() const;
+};
+
+// The layout of `settings` on `mesh`; rows per device from how `config`'s data.input_sharding splits the batch rows.
+MemoryLayout memory_layout(const config::Config& config, const TrainSettings& settings, const mesh::Mesh& mesh);
+
+MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout);
+
+// UserError when the plan's host total exceeds `available`: the estimate and the available memory in GB, and the
+// changes that would fit (activation checkpointing, gradient accumulation, more fsdp over more hosts), each with its
+// estimate. Returns normally when the plan fits.
+void check_memory_fits(const TrainSettings& settings, const MemoryPlan& plan, const MemoryAvailable& available);
+
+}  // namespace meshtrain::train

@@ -1,0 +1,88 @@
+// fused_cross_entropy_test.cpp — the chunked head loss against libtorch's unfused cross_entropy over full logits:
+// loss and both gradients, for uneven chunks, fp32 and bf16, a scaled incoming gradient, a tied weight used
+// elsewhere in the graph, and no gradients computed outside grad mode.
+#include "meshtrain/model/fused_cross_entropy.hpp"
+
+#include <gtest/gtest.h>
+
+namespace meshtrain::model {
+namespace {
+
+constexpr int64_t kN = 37, kD = 16, kV = 53;
+
+struct Inputs {
+  torch::Tensor hidden_ND, weight_VD, targets_N;
+};
+
+Inputs inputs(torch::Dtype hidden_dtype) {
+  auto gen = at::detail::createCPUGenerator(11);
+  Inputs in;
+  in.hidden_ND = torch::randn({kN, kD}, gen).to(hidden_dtype).requires_grad_();
+  in.weight_VD = (torch::randn({kV, kD}, gen) * 0.3).requires_grad_();
+  in.targets_N = torch::randint(0, kV, {kN}, gen, torch::TensorOptions().dtype(torch::kLong));
+  return in;
+}
+
+// The unfused reference, as the model computed it before: logits in the hidden dtype, fp32 softmax.
+torch::Tensor unfused_sum(const Inputs& in) {
+  const torch::Tensor logits_NV =
+      torch::matmul(in.hidden_ND, in.weight_VD.to(in.hidden_ND.scalar_type()).t()).to(torch::kFloat32);
+  return torch::nn::functional::cross_entropy(logits_NV, in.targets_N,
+                                              torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+}
+
+TEST(FusedCrossEntropyTest, LossAndGradientsEqualTheUnfusedOnesForAnyChunking) {
+  const Inputs ref = inputs(torch::kFloat32);
+  const torch::Tensor ref_loss = unfused_sum(ref);
+  (ref_loss * 0.25).backward();
+  for (int64_t chunk_rows : {int64_t{1}, int64_t{7}, kN, int64_t{100}}) {
+    const Inputs in = inputs(torch::kFloat32);
+    const torch::Tensor loss = fused_cross_entropy_sum(in.hidden_ND, in.weight_VD, in.targets_N, chunk_rows);
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat32);
+    EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-4) << chunk_rows;
+    (loss * 0.25).backward();
+    EXPECT_TRUE(torch::allclose(in.hidden_ND.grad(), ref.hidden_ND.grad(), 1e-5, 1e-6)) << chunk_rows;
+    EXPECT_TRUE(torch::allclose(in.weight_VD.grad(), ref.weight_VD.grad(), 1e-5, 1e-6)) << chunk_rows;
+  }
+}
+
+TEST(FusedCrossEntropyTest, Bf16HiddenStatesGiveBf16AndFp32GradientsCloseToUnfused) {
+  const Inputs ref = inputs(torch::kBFloat16);
+  const torch::Tensor ref_loss = unfused_sum(ref);
+  ref_loss.backward();
+  const Inputs in = inputs(torch::kBFloat16);
+  const torch::Tensor loss = fused_cross_entropy_sum(in.hidden_ND, in.weight_VD, in.targets_N, 8);
+  loss.backward();
+  EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-2 * std::abs(ref_loss.item<double>()));
+  EXPECT_EQ(in.hidden_ND.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(in.weight_VD.grad().scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(in.hidden_ND.grad().to(torch::kFloat32), ref.hidden_ND.grad().to(torch::kFloat32), 2e-2,
+                              2e-2));
+  EXPECT_TRUE(torch::allclose(in.weight_VD.grad(), ref.weight_VD.grad(), 2e-2, 2e-2));
+}
+
+TEST(FusedCrossEntropyTest, ATiedWeightGetsTheSumOfItsGradients) {
+  // The weight is also an embedding table: its gradient is the head's plus the lookup's, as with tied embeddings.
+  const Inputs ref = inputs(torch::kFloat32), in = inputs(torch::kFloat32);
+  const torch::Tensor ids = torch::arange(5, torch::kLong);
+  (unfused_sum(ref) + torch::embedding(ref.weight_VD, ids).sum()).backward();
+  (fused_cross_entropy_sum(in.hidden_ND, in.weight_VD, in.targets_N, 5) + torch::embedding(in.weight_VD, ids).sum())
+      .backward();
+  EXPECT_TRUE(torch::allclose(in.weight_VD.grad(), ref.weight_VD.grad(), 1e-5, 1e-6));
+}
+
+TEST(FusedCrossEntropyTest, OutsideGradModeOnlyTheLossIsComputed) {
+  const Inputs in = inputs(torch::kFloat32);
+  torch::Tensor loss;
+  {
+    torch::NoGradGuard no_grad;
+    loss = fused_cross_entropy_sum(in.hidden_ND, in.weight_VD, in.targets_N, 4);
+  }
+  EXPECT_FALSE(loss.requires_grad());
+  EXPECT_NEAR(loss.item<double>(), unfused_sum(in).item<double>(), 1e-4);
+  EXPECT_EQ(cross_entropy_chunk_rows(32000), 262);
+  EXPECT_EQ(cross_entropy_chunk_rows(int64_t{1} << 30), 1);
+}
+
+}  // namespace
+}  // namespace meshtrain::model

@@ -1,0 +1,125 @@
+// memory_plan_test.cpp — the memory estimate (state exact from the shapes and the sharding, activations following
+// the rows per micro-batch and activation checkpointing), the refusal and its advice, `meshtrain plan --memory`, and
+// a real 2-host `train` refused on every host before it allocates the model.
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/mesh/mesh_config.hpp"
+#include "meshtrain/train/memory_plan.hpp"
+#include "runtime/process_runner.hpp"
+#include "scratch_dir.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+
+namespace meshtrain::train {
+namespace {
+
+TrainSettings settings_for(const std::vector<std::string>& overrides) {
+  return TrainSettings::from_config(config::Config::load(config::default_config_dir(), overrides));
+}
+
+MemoryPlan plan_for(const std::vector<std::string>& overrides, MemoryLayout layout) {
+  return plan_memory(settings_for(overrides), layout);
+}
+
+const std::vector<std::string> k100m = {"model=llama-100m", "global_batch_size=8", "block_size=128"};
+
+TEST(MemoryPlanTest, StateIsExactFromTheShapesAndShrinksWithFsdp) {
+  const MemoryPlan one = plan_for(k100m, {1, 1, 1, 8});
+  const int64_t root = 32000 * 768 + 768;  // tied embedding + final norm
+  EXPECT_EQ(one.device.parameters, 4 * int64_t{100092672});
+  EXPECT_EQ(one.device.gradients, one.device.parameters);
+  EXPECT_EQ(one.device.optimizer, 2 * one.device.parameters + 4 * root);  // moments + the largest unit's scratch
+  const int64_t layer = (100092672 - root) / 12;
+  const MemoryPlan four = plan_for(k100m, {4, 1, 4, 2});
+  EXPECT_EQ(four.device.parameters, 4 * ((root + 3) / 4 + 12 * ((layer + 3) / 4)));
+  EXPECT_GT(four.device.gathered, 4 * root);  // the root unit gathered for the step
+  // Per host, the state follows the sharding: 8 devices over 2 hosts hold half of what 4 devices on one host do.
+  const MemoryPlan eight = plan_for(k100m, {8, 1, 4, 1});
+  EXPECT_LT(4 * (eight.device.parameters + eight.device.gradients + eight.device.optimizer),
+            4 * (four.device.parameters + four.device.gradients + four.device.optimizer) * 6 / 10);
+}
+
+TEST(MemoryPlanTest, ActivationsFollowTheMicroBatchAndActivationCheckpointing) {
+  const MemoryPlan whole = plan_for(k100m, {1, 1, 1, 8});
+  const MemoryPlan halves = plan_for({"model=llama-100m", "block_size=128", "gradient_accumulation_steps=2"},
+                                     {1, 1, 1, 8});
+  EXPECT_EQ(halves.device.activations * 2, whole.device.activations);
+  EXPECT_LT(halves.device.logits, whole.device.logits);
+  // The loss: the head weight's fp32 gradient, the hidden states' gradient, one chunk of 262 rows of logits.
+  EXPECT_EQ(whole.device.logits, 4 * 32000 * 768 + 8 * 128 * 768 * 4 + 262 * 32000 * 12);
+  const MemoryPlan full = plan_for({"model=llama-100m", "block_size=128", "activation_checkpointing=full"},
+                                   {1, 1, 1, 8});
+  const MemoryPlan every_2 = plan_for({"model=llama-100m", "block_size=128", "activation_checkpointing=every_2"},
+                                      {1, 1, 1, 8});
+  EXPECT_LT(full.device.activations * 4, whole.device.activations);
+  EXPECT_LT(full.device.activations, every_2.device.activations);
+  EXPECT_LT(every_2.device.activations, whole.device.activations);
+  EXPECT_EQ(full.device.parameters, whole.device.parameters);
+}
+
+TEST(MemoryPlanTest, RefusalGivesTheEstimateTheAvailableMemoryAndWhatWouldFit) {
+  const TrainSettings settings = settings_for(k100m);
+  const MemoryPlan plan = plan_memory(settings, {1, 1, 1, 8});
+  EXPECT_NO_THROW(check_memory_fits(settings, plan, {plan.host_total(), "test"}));
+  const int64_t available = plan.host_total() - (plan.device.activations / 2);
+  try {
+    check_memory_fits(settings, plan, {available, "MemAvailable"});
+    FAIL() << "a plan larger than the available memory was accepted";
+  } catch (const UserError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("needs about " + gigabytes(plan.host_total()) + " of memory per host"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find(gigabytes(available) + " available (MemAvailable)"), std::string::npos) << message;
+    EXPECT_NE(message.find("Refused before allocating anything"), std::string::npos) << message;
+    // Activation checkpointing saves more than half the activations here: it is offered, with its estimate.
+    TrainSettings full = settings;
+    full.parallel.checkpoint_every = 1;
+    EXPECT_NE(message.find("activation_checkpointing=full (" + gigabytes(plan_memory(full, plan.layout).host_total())),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("gradient_accumulation_steps=2"), std::string::npos) << message;
+  }
+}
+
+TEST(MemoryPlanTest, PlanCommandPrintsTheEstimateForAnyLayoutWithoutStarting) {
+  const std::vector<std::string> overrides = {"model=llama-3-8b", "global_batch_size=8", "block_size=4096",
+                                              "ici_mesh.fsdp=4", "dcn_mesh.data=2"};
+  std::vector<std::string> args = {"plan", "--memory", "--json", "--hosts", "2", "--devices-per-host", "4"};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  const testing::ProcessResult r = testing::run_meshtrain(args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json memory = testing::json_line(r.output).at("memory");
+  const config::Config config = config::Config::load(config::default_config_dir(), overrides);
+  const MemoryPlan expected = plan_memory(TrainSettings::from_config(config), {4, 1, 4, 1});
+  EXPECT_EQ(memory.at("model_parameters"), 8030261248);
+  EXPECT_EQ(memory.at("per_device").at("parameters"), expected.device.parameters);
+  EXPECT_EQ(memory.at("per_device").at("total"), expected.device.total());
+  EXPECT_EQ(memory.at("per_host"), expected.host_total());
+  EXPECT_NE(memory.at("verdict").get<std::string>().find("Refused before allocating anything"), std::string::npos);
+
+  const testing::ProcessResult tiny = testing::run_meshtrain({"plan", "--memory", "--hosts", "2",
+                                                               "--devices-per-host", "4", "ici_mesh.fsdp=4",
+                                                               "dcn_mesh.fsdp=2"});
+  ASSERT_EQ(tiny.exit_code, 0) << tiny.output;
+  EXPECT_NE(tiny.output.find("Memory plan: parameters "), std::string::npos) << tiny.output;
+  EXPECT_NE(tiny.output.find("available (MemAvailable): fits"), std::string::npos) << tiny.output;
+}
+
+TEST(MemoryPlanTest, TrainRefusesOnEveryHostBeforeAllocatingTheModel) {
+  testing::ScratchDir out("memory_refusal");
+  const testing::ProcessResult r = testing::run_meshtrain(
+      {"run", "--hosts", "2", "--devices-per-host", "2", "--", "train", "model=llama-3-8b", "block_size=4096",
+       "ici_mesh.fsdp=2", "dcn_mesh.fsdp=2", "output_dir=" + out.path().string()},
+      120);
+  EXPECT_NE(r.output.find("Memory plan: parameters "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Refused before allocating anything"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("activation_checkpointing=full"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Training a Llama"), std::string::npos) << r.output;  // never started
+  EXPECT_NE(r.output.find("[meshtrain run] host 0 exited with code 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[meshtrain run] host 1 exited with code 2"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 60) << r.output;
+}
+
+}  // namespace
+}  // namespace meshtrain::train
