@@ -53,12 +53,15 @@ ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options
                        model::initial_value_source(tiny_config(tied), kSeed));
 }
 
-// Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others).
-std::map<std::string, at::Tensor> whole_tensors_on_device_0(ParallelModel& pm,
+// Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others). Ends with a barrier over the
+// world: a device that ended its test (closing its connections) while peers still exchanged pieces over the world
+// group would fail their transfers.
+std::map<std::string, at::Tensor> whole_tensors_on_device_0(runtime::DeviceContext& ctx, ParallelModel& pm,
                                                             const std::vector<at::Tensor>& shard_buffers) {
   std::map<std::string, at::Tensor> whole;
   pm.assemble_whole_tensors(shard_buffers, [](size_t) { return 0; },
                             [&](size_t, const std::string& name, const at::Tensor& t) { whole[name] = t; });
+  ctx.world().barrier();
   return whole;
 }
 
@@ -108,14 +111,15 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false) {
     const std::vector<Axis> batch_axes{Axis::data, Axis::fsdp};
     const int parts = mesh.size_along(batch_axes), part = mesh.index_along(ctx.device(), batch_axes);
     const at::Tensor rows = tokens_BT().chunk(parts, 0)[part];
-    at::Tensor loss = scaled_loss(pm.forward(rows.narrow(1, 0, kSeq)), rows.narrow(1, 1, kSeq), 1);
+    const at::Tensor inputs = rows.narrow(1, 0, kSeq), targets = rows.narrow(1, 1, kSeq);
+    at::Tensor loss = pm.loss_sum(inputs, targets) / static_cast<double>(kRows * kSeq);
     loss.backward();
     pm.finish_backward();
     pm.synchronize_gradients();
     at::Tensor global_loss = loss.detach().clone().reshape({1});
     ctx.over(batch_axes).allreduce_sum(global_loss);
     const double norm = pm.gradient_norm();
-    std::map<std::string, at::Tensor> grads = whole_tensors_on_device_0(pm, pm.gradient_shards());
+    std::map<std::string, at::Tensor> grads = whole_tensors_on_device_0(ctx, pm, pm.gradient_shards());
     std::lock_guard<std::mutex> lock(mutex);
     EXPECT_NEAR(global_loss.item<double>(), ref.loss, 1e-5) << "device " << ctx.device();
     EXPECT_NEAR(norm, ref.grad_norm, 1e-5 * ref.grad_norm) << "device " << ctx.device();
@@ -142,7 +146,7 @@ TEST(ParallelModelTest, OneDeviceMatchesTheModelWithoutCommunication) {
   expect_parity(mesh, true);
   runtime::DeviceContext ctx = runtime::make_single_device_context(mesh);
   ParallelModel pm = sharded_model(ctx);
-  pm.forward(tokens_BT().narrow(1, 0, kSeq)).sum().backward();
+  pm.loss_sum(tokens_BT().narrow(1, 0, kSeq), tokens_BT().narrow(1, 1, kSeq)).backward();
   pm.finish_backward();
   pm.synchronize_gradients();
   EXPECT_EQ(ctx.counters().total_bytes(), 0) << ctx.counters().summary();
@@ -150,6 +154,7 @@ TEST(ParallelModelTest, OneDeviceMatchesTheModelWithoutCommunication) {
 
 TEST(ParallelModelTest, FsdpReshardedAfterForwardMatchesOneDevice) { expect_parity(ici(1, 4, 1, 2), true); }
 TEST(ParallelModelTest, FsdpKeptFromForwardToBackwardMatchesOneDevice) { expect_parity(ici(1, 2, 1), false); }
+TEST(ParallelModelTest, FsdpWithTiedEmbeddingsMatchesOneDevice) { expect_parity(ici(1, 4, 1), true, true); }
 TEST(ParallelModelTest, DataParallelMatchesOneDevice) { expect_parity(ici(2, 1, 1), true); }
 TEST(ParallelModelTest, HybridDataAndFsdpMatchesOneDevice) { expect_parity(ici(2, 2, 1, 2), true); }
 TEST(ParallelModelTest, TensorParallelMatchesOneDevice) { expect_parity(ici(1, 1, 2), true); }
@@ -187,7 +192,7 @@ TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
   expect_no_failures(run_on_all_devices(ici(1, 2, 2), [&](runtime::DeviceContext& ctx) {
     ParallelModel pm = sharded_model(ctx);
     for (at::Tensor& s : pm.parameter_shards()) s.mul_(1.5);
-    std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(pm, pm.parameter_shards());
+    std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(ctx, pm, pm.parameter_shards());
     std::lock_guard<std::mutex> lock(mutex);
     if (ctx.device() == 0) saved = whole;
   }));
@@ -209,6 +214,7 @@ TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
                                 reassembled[name] = whole;
                               });
     sent_bytes[ctx.device()] = ctx.counters().bytes(runtime::Collective::point_to_point);
+    ctx.world().barrier();  // as in whole_tensors_on_device_0
   }));
   ASSERT_EQ(reassembled.size(), saved.size());
   for (const auto& [name, whole] : saved) EXPECT_TRUE(at::equal(reassembled.at(name), whole)) << name;

@@ -54,11 +54,12 @@ class ParallelParityTest(unittest.TestCase):
     def test_fsdp4(self):
         out, output = self.check_layout("fsdp=4")
         # metrics.jsonl's comm_bytes: device 0's payload per collective kind in the step. With fsdp=4 and resharding,
-        # each unit's gradient (the whole unit, padded to a multiple of 4) is reduce-scattered once, and each device
-        # all-gathers its quarter of the root once and of every layer twice (forward, and again for backward).
+        # each unit's gradient (the whole unit, padded to a multiple of 4) is reduce-scattered once (llama-tiny's head
+        # is not tied to the embedding), and each device all-gathers its quarter of the embedding and the head once
+        # and of every layer twice (forward, and again for backward).
         layers, params = map(int, re.search(r"Training a Llama of (\d+) layers x \d+ hidden \((\d+) parameters\)",
                                             output).groups())
-        units = layers + 1
+        units = layers + 2  # the embedding, each layer, the head
         with open(os.path.join(out, "metrics.jsonl")) as f:
             records = [json.loads(line) for line in f]
         for r in records:

@@ -26,14 +26,15 @@ const std::vector<std::string> k100m = {"model=llama-100m", "global_batch_size=8
 
 TEST(MemoryPlanTest, StateIsExactFromTheShapesAndShrinksWithFsdp) {
   const MemoryPlan one = plan_for(k100m, {1, 1, 1, 8});
-  const int64_t root = 32000 * 768 + 768;  // tied embedding + final norm
+  const int64_t embedding = 32000 * 768, head = 768;  // tied: the head unit is the final norm
   EXPECT_EQ(one.device.parameters, 4 * int64_t{100092672});
   EXPECT_EQ(one.device.gradients, one.device.parameters);
-  EXPECT_EQ(one.device.optimizer, 2 * one.device.parameters + 4 * root);  // moments + the largest unit's scratch
-  const int64_t layer = (100092672 - root) / 12;
+  EXPECT_EQ(one.device.optimizer, 2 * one.device.parameters + 4 * embedding);  // moments + the largest unit's scratch
+  const int64_t layer = (100092672 - embedding - head) / 12;
   const MemoryPlan four = plan_for(k100m, {4, 1, 4, 2});
-  EXPECT_EQ(four.device.parameters, 4 * ((root + 3) / 4 + 12 * ((layer + 3) / 4)));
-  EXPECT_GT(four.device.gathered, 4 * root);  // the root unit gathered for the step
+  EXPECT_EQ(four.device.parameters, 4 * ((embedding + 3) / 4 + 12 * ((layer + 3) / 4) + (head + 3) / 4));
+  EXPECT_GT(four.device.gathered, 8 * embedding);  // the head's weight (the table) gathered, with its gradient
+  EXPECT_LT(four.device.logits, one.device.logits);  // the head's gradient kept for backward: a quarter of it
   // Per host, the state follows the sharding: 8 devices over 2 hosts hold half of what 4 devices on one host do.
   const MemoryPlan eight = plan_for(k100m, {8, 1, 4, 1});
   EXPECT_LT(4 * (eight.device.parameters + eight.device.gradients + eight.device.optimizer),

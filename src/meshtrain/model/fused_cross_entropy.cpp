@@ -10,18 +10,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-struct LossAndGradients {
-  torch::Tensor loss;              // fp32 scalar
-  torch::Tensor grad_hidden_ND;    // for an incoming gradient of 1; undefined without gradients
-  torch::Tensor grad_weight_VD;    // fp32; undefined without gradients
-};
-
-LossAndGradients chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
-                              const torch::Tensor& targets_N, int64_t chunk_rows, bool with_gradients) {
+CrossEntropyWithGradients chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
+                                       const torch::Tensor& targets_N, int64_t chunk_rows, bool with_gradients) {
   torch::NoGradGuard no_grad;
   const int64_t N = hidden_ND.size(0);
   const torch::Tensor compute_weight_VD = weight_VD.to(hidden_ND.scalar_type());
-  LossAndGradients out;
+  CrossEntropyWithGradients out;
   out.loss = torch::zeros({}, torch::kFloat32);
   if (with_gradients) {
     out.grad_hidden_ND = torch::empty_like(hidden_ND);
@@ -45,10 +39,19 @@ LossAndGradients chunked_loss(const torch::Tensor& hidden_ND, const torch::Tenso
   return out;
 }
 
+void check_shapes(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD, const torch::Tensor& targets_N,
+                  int64_t chunk_rows) {
+  MT_CHECK(hidden_ND.dim() == 2 && weight_VD.dim() == 2 && hidden_ND.size(1) == weight_VD.size(1) &&
+               targets_N.dim() == 1 && targets_N.size(0) == hidden_ND.size(0) &&
+               targets_N.scalar_type() == torch::kLong && chunk_rows >= 1,
+           "fused_cross_entropy_sum: expected hidden [N, D], weight [V, D], int64 targets [N], got {}, {}, {}",
+           c10::str(hidden_ND.sizes()), c10::str(weight_VD.sizes()), c10::str(targets_N.sizes()));
+}
+
 struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                                const torch::Tensor& targets_N, int64_t chunk_rows) {
-    LossAndGradients result = chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, /*with_gradients=*/true);
+    CrossEntropyWithGradients result = chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, /*with_gradients=*/true);
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight_VD.scalar_type());
     ctx->save_for_backward({result.grad_hidden_ND, result.grad_weight_VD});
     return result.loss;
@@ -71,15 +74,17 @@ int64_t cross_entropy_chunk_rows(int64_t vocab_size) {
 
 torch::Tensor fused_cross_entropy_sum(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                                       const torch::Tensor& targets_N, int64_t chunk_rows) {
-  MT_CHECK(hidden_ND.dim() == 2 && weight_VD.dim() == 2 && hidden_ND.size(1) == weight_VD.size(1) &&
-               targets_N.dim() == 1 && targets_N.size(0) == hidden_ND.size(0) &&
-               targets_N.scalar_type() == torch::kLong && chunk_rows >= 1,
-           "fused_cross_entropy_sum: expected hidden [N, D], weight [V, D], int64 targets [N], got {}, {}, {}",
-           c10::str(hidden_ND.sizes()), c10::str(weight_VD.sizes()), c10::str(targets_N.sizes()));
+  check_shapes(hidden_ND, weight_VD, targets_N, chunk_rows);
   const bool differentiable =
       torch::GradMode::is_enabled() && (hidden_ND.requires_grad() || weight_VD.requires_grad());
   if (!differentiable) return chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, false).loss;
   return FusedCrossEntropy::apply(hidden_ND, weight_VD, targets_N, chunk_rows);
+}
+
+CrossEntropyWithGradients cross_entropy_with_gradients(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
+                                                       const torch::Tensor& targets_N, int64_t chunk_rows) {
+  check_shapes(hidden_ND, weight_VD, targets_N, chunk_rows);
+  return chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, /*with_gradients=*/true);
 }
 
 }  // namespace meshtrain::model

@@ -25,4 +25,14 @@ int64_t cross_entropy_chunk_rows(int64_t vocab_size);
 torch::Tensor fused_cross_entropy_sum(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                                       const torch::Tensor& targets_N, int64_t chunk_rows);
 
+// The same pass outside autograd, for a caller that handles the weight's gradient itself (FSDP reduce-scatters it
+// as soon as it exists): the loss sum and both gradients for an incoming gradient of 1.
+struct CrossEntropyWithGradients {
+  torch::Tensor loss;            // fp32 scalar
+  torch::Tensor grad_hidden_ND;  // hidden_ND's dtype
+  torch::Tensor grad_weight_VD;  // fp32
+};
+CrossEntropyWithGradients cross_entropy_with_gradients(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
+                                                       const torch::Tensor& targets_N, int64_t chunk_rows);
+
 }  // namespace meshtrain::model

@@ -236,10 +236,13 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
     weight_files.insert(kSingleWeightsFile);
   }
 
-  // The parameters of the model the config describes (allocated, never written: no memory is touched).
+  // The names and shapes of the parameters of the model the config describes (built without storage).
   std::map<std::string, std::vector<int64_t>> params;
-  for (const auto& named : LlamaForCausalLM(config).named_parameters())
-    params[named.key()] = named.value().sizes().vec();
+  {
+    const ParametersWithoutStorage without_storage;
+    for (const auto& named : LlamaForCausalLM(config).named_parameters())
+      params[named.key()] = named.value().sizes().vec();
+  }
 
   CheckpointTensors tensors;
   tensors.dir_ = dir;

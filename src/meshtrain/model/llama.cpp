@@ -11,18 +11,35 @@
 
 namespace meshtrain::model {
 
+namespace {
+thread_local bool parameters_without_storage = false;
+}  // namespace
+
+torch::Tensor new_parameter(const std::vector<int64_t>& shape) {
+  if (!parameters_without_storage) return torch::empty(shape);
+  torch::Tensor shaped = torch::empty({0});
+  shaped.unsafeGetTensorImpl()->set_sizes_contiguous(shape);  // sizes only: the storage stays 0 bytes
+  return shaped;
+}
+
+ParametersWithoutStorage::ParametersWithoutStorage() : outer_(parameters_without_storage) {
+  parameters_without_storage = true;
+}
+
+ParametersWithoutStorage::~ParametersWithoutStorage() { parameters_without_storage = outer_; }
+
 DenseLinear::DenseLinear(int64_t in_features, int64_t out_features) {
-  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  weight = register_parameter("weight", new_parameter({out_features, in_features}));
 }
 
 torch::Tensor DenseLinear::forward(const torch::Tensor& x_NI) {
   return torch::matmul(x_NI, weight.to(x_NI.scalar_type()).t());
 }
 
-RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", torch::ones({dim})); }
+RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", new_parameter({dim})); }
 
 Embedding::Embedding(int64_t vocab_size, int64_t hidden_size) {
-  weight = register_parameter("weight", torch::empty({vocab_size, hidden_size}));
+  weight = register_parameter("weight", new_parameter({vocab_size, hidden_size}));
 }
 
 torch::Tensor Embedding::forward(const torch::Tensor& tokens_BT) { return torch::embedding(weight, tokens_BT); }
@@ -167,20 +184,30 @@ const RopeTables& LlamaForCausalLM::rope_for(int64_t seq_len) {
   return rope_cache_;
 }
 
-torch::Tensor LlamaForCausalLM::hidden_states(const torch::Tensor& tokens_BT) {
+torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT) {
   MT_USER_CHECK(tokens_BT.dim() == 2 && tokens_BT.scalar_type() == torch::kInt64,
                 "model input must be int64 tokens [batch, seq], got {} {}", c10::toString(tokens_BT.scalar_type()),
                 c10::str(tokens_BT.sizes()));
-  const int64_t T = tokens_BT.size(1);
-  MT_USER_CHECK(T <= config_.max_position_embeddings, "sequence of {} tokens exceeds max_position_embeddings {}", T,
+  MT_USER_CHECK(tokens_BT.size(1) <= config_.max_position_embeddings,
+                "sequence of {} tokens exceeds max_position_embeddings {}", tokens_BT.size(1),
                 config_.max_position_embeddings);
-  const RopeTables& rope = rope_for(T);
-  torch::Tensor x_BTD = model->embed_tokens->forward(tokens_BT).to(compute_dtype_);
+  return model->embed_tokens->forward(tokens_BT).to(compute_dtype_);
+}
+
+torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD) {
+  const RopeTables& rope = rope_for(x_BTD.size(1));
+  torch::Tensor y_BTD = x_BTD;
   for (size_t i = 0; i < model->layers.size(); ++i) {
     LlamaDecoderLayer& layer = *model->layers[i];
-    x_BTD = layer_runner_ ? layer_runner_(static_cast<int64_t>(i), layer, x_BTD, rope) : layer.forward(x_BTD, rope);
+    y_BTD = layer_runner_ ? layer_runner_(static_cast<int64_t>(i), layer, y_BTD, rope) : layer.forward(y_BTD, rope);
   }
-  return model->norm->forward(x_BTD);
+  return y_BTD;
+}
+
+torch::Tensor LlamaForCausalLM::final_norm(const torch::Tensor& x_BTD) { return model->norm->forward(x_BTD); }
+
+torch::Tensor LlamaForCausalLM::hidden_states(const torch::Tensor& tokens_BT) {
+  return final_norm(run_layers(embed(tokens_BT)));
 }
 
 torch::Tensor LlamaForCausalLM::head_weight() {
@@ -188,14 +215,13 @@ torch::Tensor LlamaForCausalLM::head_weight() {
 }
 
 torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
-  const torch::Tensor x_BTD = hidden_states(tokens_BT);
-  return torch::matmul(x_BTD, head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
+  return torch::matmul(hidden_states(tokens_BT), head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
 }
 
 torch::Tensor LlamaForCausalLM::loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT) {
-  const torch::Tensor x_BTD = hidden_states(tokens_BT);
-  return fused_cross_entropy_sum(x_BTD.reshape({-1, x_BTD.size(-1)}), head_weight(), targets_BT.reshape({-1}),
-                                 cross_entropy_chunk_rows(config_.vocab_size));
+  const torch::Tensor hidden_BTD = hidden_states(tokens_BT);
+  return fused_cross_entropy_sum(hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), head_weight(),
+                                 targets_BT.reshape({-1}), cross_entropy_chunk_rows(config_.vocab_size));
 }
 
 std::vector<std::string> LlamaForCausalLM::linear_names() const {

@@ -24,6 +24,23 @@
 
 namespace meshtrain::model {
 
+// A parameter tensor of `shape` (fp32) for a module to register. Normally allocated and unwritten (its values come
+// from initialize_parameters or a checkpoint). On a thread inside a ParametersWithoutStorage scope it has its shape
+// and no storage, as torchtitan builds a model on the meta device: a parallelizer gives every parameter its own
+// pieces (parallel/parallel_model.hpp), and nothing may read one before that.
+torch::Tensor new_parameter(const std::vector<int64_t>& shape);
+
+class ParametersWithoutStorage {
+ public:
+  ParametersWithoutStorage();
+  ~ParametersWithoutStorage();
+  ParametersWithoutStorage(const ParametersWithoutStorage&) = delete;
+  ParametersWithoutStorage& operator=(const ParametersWithoutStorage&) = delete;
+
+ private:
+  bool outer_;
+};
+
 // y = x W^T with W [out_features, in_features] registered as "weight" (nn.Linear layout, no bias).
 class Linear : public torch::nn::Module {
  public:
@@ -136,6 +153,12 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   // Sum over tokens of the cross entropy of targets_BT, as an fp32 scalar, without the [B, T, V] logits
   // (model/fused_cross_entropy.hpp): the training loss.
   torch::Tensor loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT);
+
+  // The forward pass in stages, for a caller that gathers each stage's parameters around it (hidden_states =
+  // final_norm(run_layers(embed(tokens)))):
+  torch::Tensor embed(const torch::Tensor& tokens_BT);    // [B, T, D] in the compute dtype; checks the tokens
+  torch::Tensor run_layers(const torch::Tensor& x_BTD);   // every decoder layer (through the layer runner)
+  torch::Tensor final_norm(const torch::Tensor& x_BTD);   // model.norm
 
   const LlamaConfig& config() const { return config_; }
   void set_compute_dtype(torch::Dtype dtype);  // kFloat32 (default) or kBFloat16

@@ -45,23 +45,27 @@ void FsdpUnit::bind_params_to(const at::Tensor& full_flat) {
   for (Member& m : members_) m.param.set_data(full_flat.narrow(0, m.offset, m.numel).view(m.shape));
 }
 
+at::Tensor FsdpUnit::gather_destination() {
+  if (!full_.defined()) {
+    full_ = at::empty({padded_numel_}, at::kFloat);
+    bind_params_to(full_);
+  } else {
+    // The parameters are views of full_'s storage: give it its bytes again.
+    at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full_.numel() * sizeof(float));
+  }
+  return gather_dtype_ == at::kFloat ? full_ : at::empty({padded_numel_}, gather_dtype_);
+}
+
 void FsdpUnit::prefetch() {
   if (gathered_ || pending_) return;
-  pending_ = comm_.allgather_async(shard_to_send());
+  pending_ = comm_.allgather_async(shard_to_send(), gather_destination());
 }
 
 void FsdpUnit::gather() {
   if (gathered_) return;
-  at::Tensor full = pending_ ? pending_->wait() : comm_.allgather(shard_to_send());
+  const at::Tensor gathered = pending_ ? pending_->wait() : comm_.allgather(shard_to_send(), gather_destination());
   pending_.reset();
-  if (!full_.defined()) {
-    full_ = full.to(at::kFloat);
-    bind_params_to(full_);
-  } else {
-    // The parameters are views of full_'s storage: give it bytes again and fill it (casting back from bf16).
-    at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), full_.numel() * sizeof(float));
-    full_.copy_(full);
-  }
+  if (!gathered.is_same(full_)) full_.copy_(gathered);  // bf16 gathers: cast back into the fp32 parameters
   gathered_ = true;
 }
 
@@ -81,15 +85,41 @@ void FsdpUnit::reduce_gradients_from_params() {
     }
     return;
   }
-  at::Tensor flat = at::zeros({padded_numel_}, at::kFloat);
-  for (Member& m : members_) {
-    at::Tensor& grad = m.param.mutable_grad();
-    if (!grad.defined()) continue;
-    flat.narrow(0, m.offset, m.numel).copy_(grad.reshape({-1}));
-    grad.reset();
-  }
-  grad_shard_.add_(comm_.reduce_scatter_sum(flat));
+  std::vector<at::Tensor> grads;
+  for (const Member& m : members_) grads.push_back(m.param.grad());
+  grad_shard_.add_(reduce_scatter(grads));
+  grads.clear();
+  for (Member& m : members_) m.param.mutable_grad().reset();
   free_full();
+}
+
+at::Tensor FsdpUnit::reduce_scatter(const std::vector<at::Tensor>& member_grads) const {
+  MT_CHECK(member_grads.size() == members_.size(), "unit {}: {} gradients for {} members", label_,
+           member_grads.size(), members_.size());
+  const int n = comm_.size();
+  if (n == 1 && members_.size() == 1 && numel_ == padded_numel_ && member_grads[0].defined())
+    return member_grads[0].reshape({-1});  // the shard is the whole unit: nothing to sum or copy
+  // The unit's flat gradient is never built: piece p holds elements [p * P, (p + 1) * P) of every rank's shard range,
+  // copied from the members' gradients into a send buffer of at most kReducePieceElements.
+  const int64_t shard_numel = padded_numel_ / n;
+  const int64_t piece_numel = std::max<int64_t>(1, std::min(shard_numel, kReducePieceElements / n));
+  at::Tensor shard = at::empty({shard_numel}, at::kFloat);
+  for (int64_t begin = 0; begin < shard_numel; begin += piece_numel) {
+    const int64_t count = std::min(piece_numel, shard_numel - begin);
+    at::Tensor send = at::zeros({n * count}, at::kFloat);
+    for (int r = 0; r < n; ++r) {
+      const int64_t lo = r * shard_numel + begin, hi = lo + count;  // in the unit's flat layout
+      for (size_t i = 0; i < members_.size(); ++i) {
+        const Member& m = members_[i];
+        const int64_t from = std::max(lo, m.offset), to = std::min(hi, m.offset + m.numel);
+        if (from >= to || !member_grads[i].defined()) continue;
+        const at::Tensor flat = member_grads[i].reshape({-1});
+        send.narrow(0, r * count + from - lo, to - from).copy_(flat.narrow(0, from - m.offset, to - from));
+      }
+    }
+    shard.narrow(0, begin, count).copy_(comm_.reduce_scatter_sum(send));
+  }
+  return shard;
 }
 
 std::optional<FsdpUnit::ShardPiece> FsdpUnit::piece_in_shard(const Member& m, int shard,

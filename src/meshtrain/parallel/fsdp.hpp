@@ -2,14 +2,15 @@
 // head) kept as one flat fp32 buffer, sharded over the `fsdp` group, that the optimizer updates in place.
 //
 // Life of a unit in a step (n = fsdp group size > 1):
-//   gather()       all-gather of the shards (fp32, or bf16 with bf16 compute) into a full flat fp32 buffer; the
-//                  module's parameters become views of it
+//   gather()       all-gather of the shards (fp32, or bf16 with bf16 compute) into a full flat fp32 buffer (fp32:
+//                  written there directly); the module's parameters become views of it
 //                  (prefetch() starts that all-gather early, while the previous layer computes)
 //   forward        the layer runs on the gathered parameters
 //   free_full()    (reshard after forward) the full buffer's storage is released; the parameters keep their shape
 //   gather()       again before the layer's backward (a hook on the layer's output gradient)
-//   reduce_gradients_from_params()   after the layer's backward: the parameters' gradients, flattened, are
-//                  reduce-scattered into grad_shard() (summed over micro-batches), and the full buffer is freed
+//   reduce_gradients_from_params()   after the layer's backward: the parameters' gradients are reduce-scattered
+//                  into grad_shard() (summed over micro-batches) in pieces of at most kReducePieceElements, and the
+//                  full buffer is freed
 // With n = 1 the shard is the full buffer and the parameters are views of it for the whole run: no copies.
 // The flat buffer is the members' (tensor-parallel-local) parameters in order, padded with zeros to a multiple of n.
 #pragma once
@@ -28,6 +29,11 @@ namespace meshtrain::parallel {
 
 class FsdpUnit {
  public:
+  // The largest send buffer of a gradient reduce-scatter (elements over all ranks): a unit's gradient goes in
+  // pieces of this size instead of one flat copy of the whole unit (8 MB in fp32; the all-to-all under it receives
+  // as much).
+  static constexpr int64_t kReducePieceElements = int64_t{2} << 20;
+
   struct Member {
     std::string name;  // Hugging Face name
     at::Tensor param;  // the module's parameter (shares its TensorImpl); its (tensor-local) shape
@@ -65,6 +71,10 @@ class FsdpUnit {
   // Reads every member's .grad (zeros for a member that got none), reduce-scatters the flat gradient into
   // grad_shard() (added), resets the .grads and frees the full buffer.
   void reduce_gradients_from_params();
+  // This rank's shard of the unit's flat gradient summed over the fsdp group, the gradient given per member (flat or
+  // in the member's shape; undefined: zeros). Reduce-scattered in pieces of at most kReducePieceElements; with fsdp=1
+  // a single member's gradient is returned itself. Collective over fsdp.
+  at::Tensor reduce_scatter(const std::vector<at::Tensor>& member_grads) const;
 
   // The part of member `m` that FSDP shard `shard` of tensor block `block` holds (`block` is m's block on the tensor
   // rank in question: m.block for this device's), as a slice of the whole parameter and its offset in the shard;
@@ -84,6 +94,9 @@ class FsdpUnit {
 
  private:
   void bind_params_to(const at::Tensor& full_flat);
+  // Where the next all-gather writes: full_ itself (given its bytes again; created on the first gather) for fp32,
+  // a buffer of the gather dtype otherwise (cast into full_ when it arrives).
+  at::Tensor gather_destination();
   at::Tensor shard_to_send() const { return gather_dtype_ == at::kFloat ? shard_ : shard_.to(gather_dtype_); }
 
   std::string label_;

@@ -2,12 +2,14 @@
 #include "meshtrain/parallel/parallel_model.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/fused_cross_entropy.hpp"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <optional>
+#include <utility>
 
 namespace meshtrain::parallel {
 namespace {
@@ -15,9 +17,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Identity on a layer's input whose backward runs once the layer's backward is done (every parameter gradient of
-// the layer has been accumulated: AccumulateGrad nodes run first), so it hands them to the unit's reduce-scatter.
-struct LayerGradientBoundary : torch::autograd::Function<LayerGradientBoundary> {
+// Identity on a unit's input (a decoder layer's, the final norm's) whose backward runs once the unit's backward is
+// done (every parameter gradient of the unit has been accumulated: AccumulateGrad nodes run first), so it hands
+// them to the unit's reduce-scatter.
+struct GradientBoundary : torch::autograd::Function<GradientBoundary> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpUnit* unit) {
     ctx->saved_data["unit"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(unit));
     return x.view_as(x);
@@ -25,10 +28,36 @@ struct LayerGradientBoundary : torch::autograd::Function<LayerGradientBoundary> 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* unit = reinterpret_cast<FsdpUnit*>(static_cast<intptr_t>(ctx->saved_data["unit"].toInt()));
     for (const FsdpUnit::Member& m : unit->members())
-      MT_CHECK(m.param.grad().defined(), "FSDP unit {}: the gradient of {} was not ready when the layer's backward "
+      MT_CHECK(m.param.grad().defined(), "FSDP unit {}: the gradient of {} was not ready when the unit's backward "
                "finished", unit->label(), m.name);
     unit->reduce_gradients_from_params();
     return {grads[0], at::Tensor()};
+  }
+};
+
+// The training loss of the output head, the fused chunked cross-entropy (model/fused_cross_entropy.hpp) with its
+// weight's gradient handled here: reduce-scattered as soon as the pass has made it, then the head's gathered weight
+// and that V x D gradient are freed, so neither sits through the backward, which starts at the peak of the
+// activations. Kept for backward: the hidden states' gradient and this device's shard of the weight's; backward
+// scales both by the incoming gradient and adds the shard to the head unit's gradient shard.
+struct HeadLoss : torch::autograd::Function<HeadLoss> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden_ND, const at::Tensor& targets_N,
+                            FsdpUnit* head, int64_t chunk_rows) {
+    model::CrossEntropyWithGradients pass =
+        model::cross_entropy_with_gradients(hidden_ND, head->members().front().param, targets_N, chunk_rows);
+    const at::Tensor weight_grad_shard = head->reduce_scatter({pass.grad_weight_VD});
+    pass.grad_weight_VD = at::Tensor();
+    head->free_full();
+    ctx->saved_data["head"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(head));
+    ctx->save_for_backward({pass.grad_hidden_ND, weight_grad_shard});
+    return pass.loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* head = reinterpret_cast<FsdpUnit*>(static_cast<intptr_t>(ctx->saved_data["head"].toInt()));
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& grad_loss = grads[0];  // a scalar
+    head->grad_shard().add_(saved[1], grad_loss.item<double>());
+    return {saved[0] * grad_loss.to(saved[0].scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -103,7 +132,7 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
   apply_tensor_parallel(*model_, tensor_comm_);
 
   const int64_t num_layers = model_->config().num_hidden_layers;
-  std::vector<FsdpUnit::Parameter> root_params;
+  std::vector<FsdpUnit::Parameter> embedding_params, final_norm_params, lm_head_params;
   std::vector<std::vector<FsdpUnit::Parameter>> layer_params(num_layers);
   const std::string layer_prefix = "model.layers.";
   for (const auto& named : model_->named_parameters()) {
@@ -114,30 +143,49 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
                           tensor_block_slice(name, whole, split, tensor_comm_.rank(), tensor_comm_.size())};
     if (name.compare(0, layer_prefix.size(), layer_prefix) == 0)
       layer_params.at(std::stoll(name.substr(layer_prefix.size()))).push_back(std::move(p));
+    else if (name == "model.embed_tokens.weight")
+      embedding_params.push_back(std::move(p));
+    else if (name == "model.norm.weight")
+      final_norm_params.push_back(std::move(p));
     else
-      root_params.push_back(std::move(p));
+      lm_head_params.push_back(std::move(p));
   }
-  root_ = std::make_unique<FsdpUnit>("root", root_params, fsdp_comm_, values, options_.gather_dtype);
+  auto make_unit = [&](const std::string& label, const std::vector<FsdpUnit::Parameter>& params) {
+    return std::make_unique<FsdpUnit>(label, params, fsdp_comm_, values, options_.gather_dtype);
+  };
+  embedding_ = make_unit("embedding", embedding_params);
   for (int64_t i = 0; i < num_layers; ++i)
-    layers_.push_back(
-        std::make_unique<FsdpUnit>(layer_prefix + std::to_string(i), layer_params[i], fsdp_comm_, values,
-                                   options_.gather_dtype));
+    layers_.push_back(make_unit(layer_prefix + std::to_string(i), layer_params[i]));
+  final_norm_ = make_unit("final_norm", final_norm_params);
+  if (!lm_head_params.empty()) lm_head_ = make_unit("lm_head", lm_head_params);
+  MT_CHECK(head().members().size() == 1, "the head unit holds {} parameters, expected the head's weight alone",
+           head().members().size());
   model_->set_layer_runner([this](int64_t index, model::LlamaDecoderLayer& layer, const torch::Tensor& x_BTD,
                                   const model::RopeTables& rope) { return run_layer(index, layer, x_BTD, rope); });
 }
+
+FsdpUnit& ParallelModel::head() { return lm_head_ ? *lm_head_ : *embedding_; }
+
+bool ParallelModel::resharding() const { return options_.reshard_after_forward && fsdp_comm_.size() > 1; }
 
 at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
                                     const model::RopeTables& rope) {
   FsdpUnit& unit = *layers_[index];
   FsdpUnit* next = index + 1 < static_cast<int64_t>(layers_.size()) ? layers_[index + 1].get() : nullptr;
   FsdpUnit* previous = index > 0 ? layers_[index - 1].get() : nullptr;
-  const at::Tensor input_BTD = LayerGradientBoundary::apply(x_BTD, &unit);
+  const at::Tensor input_BTD = GradientBoundary::apply(x_BTD, &unit);
   unit.gather();
-  if (next) next->prefetch();  // the next layer's all-gather overlaps this layer's forward
+  // The next unit's all-gather overlaps this layer's forward.
+  if (next) {
+    next->prefetch();
+  } else {
+    final_norm_->prefetch();
+    head().prefetch();
+  }
   const bool checkpointed = options_.checkpoint_every > 0 && index % options_.checkpoint_every == 0;
   at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope.cos_TE, rope.sin_TE)
                                   : layer.forward(input_BTD, rope);
-  if (options_.reshard_after_forward && fsdp_comm_.size() > 1) {
+  if (resharding()) {
     unit.free_full();
     // Backward runs the layers in reverse: gather this one again, and start the one before it.
     y_BTD.register_hook([&unit, previous](const at::Tensor&) {
@@ -148,17 +196,26 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   return y_BTD;
 }
 
-at::Tensor ParallelModel::forward(const at::Tensor& tokens_BT) {
-  root_->gather();
-  return model_->forward(tokens_BT);
-}
-
 at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT) {
-  root_->gather();
-  return model_->loss_sum(tokens_BT, targets_BT);
+  embedding_->gather();
+  at::Tensor x_BTD = model_->embed(tokens_BT);
+  if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
+  x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD), final_norm_.get());
+  final_norm_->gather();
+  const at::Tensor hidden_BTD = model_->final_norm(x_BTD);
+  const at::Tensor hidden_ND = hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), targets_N = targets_BT.reshape({-1});
+  const int64_t chunk_rows = model::cross_entropy_chunk_rows(model_->config().vocab_size);
+  FsdpUnit& head_unit = head();
+  head_unit.gather();
+  if (torch::GradMode::is_enabled() && hidden_ND.requires_grad())
+    return HeadLoss::apply(hidden_ND, targets_N, &head_unit, chunk_rows);
+  const at::Tensor loss = model::fused_cross_entropy_sum(hidden_ND, head_unit.members().front().param.detach(),
+                                                         targets_N, chunk_rows);
+  head_unit.free_full();
+  return loss;
 }
 
-void ParallelModel::finish_backward() { root_->reduce_gradients_from_params(); }
+void ParallelModel::finish_backward() { embedding_->reduce_gradients_from_params(); }
 
 void ParallelModel::synchronize_gradients() {
   if (data_comm_.size() == 1) return;
@@ -179,8 +236,7 @@ double ParallelModel::gradient_norm() {
     split_sum += split;
     replicated_sum += replicated;
   };
-  add(*root_);
-  for (const auto& unit : layers_) add(*unit);
+  for (size_t u = 0; u < num_units(); ++u) add(unit(u));
   // Shards differ over fsdp; tensor blocks differ over tensor, replicated parameters do not; data holds replicas.
   at::Tensor sums = at::tensor({split_sum, replicated_sum}, at::kDouble);
   fsdp_comm_.allreduce_sum(sums);
@@ -193,15 +249,23 @@ void ParallelModel::zero_gradients() {
   for (at::Tensor& g : gradient_shards()) g.zero_();
 }
 
+const FsdpUnit& ParallelModel::unit(size_t u) const {
+  if (u == 0) return *embedding_;
+  if (u <= layers_.size()) return *layers_[u - 1];
+  return u == layers_.size() + 1 ? *final_norm_ : *lm_head_;
+}
+
+FsdpUnit& ParallelModel::unit(size_t u) { return const_cast<FsdpUnit&>(std::as_const(*this).unit(u)); }
+
 std::vector<at::Tensor> ParallelModel::parameter_shards() {
-  std::vector<at::Tensor> shards{root_->shard()};
-  for (auto& unit : layers_) shards.push_back(unit->shard());
+  std::vector<at::Tensor> shards;
+  for (size_t u = 0; u < num_units(); ++u) shards.push_back(unit(u).shard());
   return shards;
 }
 
 std::vector<at::Tensor> ParallelModel::gradient_shards() {
-  std::vector<at::Tensor> grads{root_->grad_shard()};
-  for (auto& unit : layers_) grads.push_back(unit->grad_shard());
+  std::vector<at::Tensor> grads;
+  for (size_t u = 0; u < num_units(); ++u) grads.push_back(unit(u).grad_shard());
   return grads;
 }
 
@@ -284,12 +348,11 @@ void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers, const mo
 }
 
 std::string ParallelModel::memory_summary() const {
-  int64_t shard_bytes = root_->shard().nbytes(), largest_unit = root_->padded_numel();
-  for (const auto& unit : layers_) {
-    shard_bytes += unit->shard().nbytes();
-    largest_unit = std::max(largest_unit, unit->padded_numel());
+  int64_t shard_bytes = 0, largest_unit = 0;
+  for (size_t u = 0; u < num_units(); ++u) {
+    shard_bytes += static_cast<int64_t>(sizeof(float)) * unit(u).padded_numel() / fsdp_comm_.size();
+    largest_unit = std::max(largest_unit, unit(u).padded_numel());
   }
-  const bool resharded = options_.reshard_after_forward && fsdp_comm_.size() > 1;
   return fmt::format(
       "parameters {} + gradients {} + AdamW moments {} per device (fsdp={}, tensor={}); gathered during a step: "
       "{} ({})",
@@ -298,8 +361,9 @@ std::string ParallelModel::memory_summary() const {
       fsdp_comm_.size() == 1 ? "none (the shards are the parameters)"
                              : megabytes(static_cast<int64_t>(sizeof(float)) * largest_unit) + " for the largest unit",
       fsdp_comm_.size() == 1 ? "no FSDP"
-      : resharded            ? "root + one layer at a time, layers regathered for backward"
-                             : "root + all layers kept from forward to backward");
+      : resharding()         ? "one unit at a time: the embedding for the lookup, each layer (regathered for "
+                               "backward), the head from the loss to its gradients"
+                             : "every unit kept from forward to backward");
 }
 
 }  // namespace meshtrain::parallel

@@ -4,12 +4,17 @@
 // Every device builds the same model, its parameters allocated but never written, and hands it here with where the
 // values come from (the initializer, a checkpoint): the device asks that source for its tensor-parallel block of
 // each projection and its FSDP shard of every unit, and nothing else, so no device ever holds the whole model.
+// The FSDP units, in checkpoint and shard-buffer order: the embedding table, each decoder layer, the final norm, and
+// lm_head (with tied embeddings the table is the head's weight and there is no lm_head unit).
 // Where it communicates:
-//   forward          all-gather of each unit's shards over fsdp (the root unit once, each layer before it runs, the
-//                    next layer's started while the current one computes; in backward, the previous layer's);
-//                    tensor-parallel all-reduces inside attention and MLP
-//   backward         each layer: all-gather again (if resharded after forward), then reduce-scatter of its gradients
-//                    over fsdp; finish_backward(): the root unit's reduce-scatter
+//   forward          all-gather of each unit's shards over fsdp when it runs: the embedding for the lookup (freed
+//                    after it), each layer (the next one's started while the current one computes), the final norm
+//                    and the head (started during the last layer); the head's weight gradient, made by the fused
+//                    loss in forward, is reduce-scattered there and then, and the head freed; tensor-parallel
+//                    all-reduces inside attention and MLP
+//   backward         the final norm's reduce-scatter, then each layer: all-gather again (if resharded after forward;
+//                    the previous layer's started) and reduce-scatter of its gradients over fsdp;
+//                    finish_backward(): the embedding's reduce-scatter (the lookup's gradient)
 //   synchronize_gradients()   one all-reduce of every gradient shard over `data` (after the last micro-batch)
 //   gradient_norm()  one all-reduce over fsdp and one over tensor of two scalars
 // A checkpointed layer repeats its forward (and its tensor-parallel all-reduces) in backward, after the regather.
@@ -49,12 +54,10 @@ class ParallelModel {
 
   model::LlamaForCausalLM& model() { return *model_; }
 
-  // Logits [B, T, V] (fp32) of this device's int64 tokens; gathers the root unit (kept until finish_backward).
-  at::Tensor forward(const at::Tensor& tokens_BT);
-  // The same pass ending in the training loss instead of the logits: the sum of the token cross entropies of
-  // targets_BT (fp32 scalar; model::LlamaForCausalLM::loss_sum, the logits never whole).
+  // The training loss of this device's int64 tokens: the sum of the token cross entropies of targets_BT (fp32
+  // scalar), the head's loss fused and chunked (the logits never whole). Without grad mode it only evaluates.
   at::Tensor loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT);
-  // After loss.backward(): reduce-scatters the root unit's gradients (the layers' were during the backward).
+  // After loss.backward(): reduce-scatters the embedding's gradients (the others' were during the backward).
   void finish_backward();
   // After the last micro-batch of a step: all-reduces every gradient shard over `data`.
   void synchronize_gradients();
@@ -85,6 +88,8 @@ class ParallelModel {
  private:
   at::Tensor run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
                        const model::RopeTables& rope);
+  FsdpUnit& head();         // the unit of the head's weight: lm_head, or the embedding table when tied
+  bool resharding() const;  // units freed after their forward (reshard_after_forward, fsdp > 1)
 
   std::shared_ptr<model::LlamaForCausalLM> model_;
   runtime::DeviceContext& ctx_;
@@ -92,12 +97,16 @@ class ParallelModel {
   runtime::Comm& fsdp_comm_;
   runtime::Comm& tensor_comm_;
   runtime::Comm& data_comm_;
-  // Unit u of the checkpoint and shard-buffer order: 0 the root, then the layers.
-  const FsdpUnit& unit(size_t u) const { return u == 0 ? *root_ : *layers_[u - 1]; }
-  size_t num_units() const { return layers_.size() + 1; }
+  // Unit u of the checkpoint and shard-buffer order: 0 the embedding, 1..L the layers, L + 1 the final norm, L + 2
+  // lm_head (when not tied).
+  const FsdpUnit& unit(size_t u) const;
+  FsdpUnit& unit(size_t u);
+  size_t num_units() const { return layers_.size() + (lm_head_ ? 3 : 2); }
 
-  std::unique_ptr<FsdpUnit> root_;                  // embedding, final norm, head
+  std::unique_ptr<FsdpUnit> embedding_;             // model.embed_tokens (the head's weight too when tied)
   std::vector<std::unique_ptr<FsdpUnit>> layers_;  // one per decoder layer
+  std::unique_ptr<FsdpUnit> final_norm_;            // model.norm
+  std::unique_ptr<FsdpUnit> lm_head_;               // lm_head; null when tied
 };
 
 }  // namespace meshtrain::parallel

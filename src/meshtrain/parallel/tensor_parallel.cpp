@@ -23,7 +23,7 @@ TensorSplit tensor_split_of(const std::string& name) {
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t local_out_features, int64_t in_features, runtime::Comm& comm)
     : comm_(comm) {
-  weight = register_parameter("weight", at::empty({local_out_features, in_features}, at::kFloat));
+  weight = register_parameter("weight", model::new_parameter({local_out_features, in_features}));
 }
 
 torch::Tensor ColumnParallelLinear::forward(const torch::Tensor& x_NI) {
@@ -32,7 +32,7 @@ torch::Tensor ColumnParallelLinear::forward(const torch::Tensor& x_NI) {
 
 RowParallelLinear::RowParallelLinear(int64_t out_features, int64_t local_in_features, runtime::Comm& comm)
     : comm_(comm) {
-  weight = register_parameter("weight", at::empty({out_features, local_in_features}, at::kFloat));
+  weight = register_parameter("weight", model::new_parameter({out_features, local_in_features}));
 }
 
 torch::Tensor RowParallelLinear::forward(const torch::Tensor& x_NI) {

@@ -100,9 +100,9 @@ class CommBackend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual void allreduce_sum(at::Tensor& tensor) = 0;
-  virtual at::Tensor allgather(const at::Tensor& local) = 0;
-  // Starts an all-gather; the returned function waits for it and returns allgather()'s result.
-  virtual std::function<at::Tensor()> start_allgather(const at::Tensor& local) = 0;
+  // Starts an all-gather into `into` ([size * n, ...], local's dtype, contiguous); the returned function waits for it
+  // and returns `into`.
+  virtual std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   virtual at::Tensor all_to_all(const at::Tensor& input) = 0;
   virtual void barrier() = 0;
@@ -117,9 +117,9 @@ class SoloBackend final : public CommBackend {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void allreduce_sum(at::Tensor&) override {}
-  at::Tensor allgather(const at::Tensor& local) override { return local.clone(); }
-  std::function<at::Tensor()> start_allgather(const at::Tensor& local) override {
-    return [copy = local.clone()] { return copy; };
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) override {
+    into.copy_(local);
+    return [into] { return into; };
   }
   void broadcast(at::Tensor&, int) override {}
   at::Tensor all_to_all(const at::Tensor& input) override { return input.clone(); }
@@ -147,22 +147,22 @@ class ProcessGroupBackend final : public CommBackend {
     if (!buffers[0].is_same(tensor)) tensor.copy_(buffers[0]);
   }
 
-  at::Tensor allgather(const at::Tensor& local) override { return start_allgather(local)(); }
-
-  std::function<at::Tensor()> start_allgather(const at::Tensor& local) override {
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) override {
     // A gather adds nothing up: 16-bit floats travel as their bits (Gloo has fp16, not bf16: bf16 as an fp16 view).
     if (local.scalar_type() == at::kBFloat16) {
-      auto finish = start_allgather(local.contiguous().view(at::kHalf));
-      return [finish] { return finish().view(at::kBFloat16); };
+      auto finish = start_allgather(local.contiguous().view(at::kHalf), into.view(at::kHalf));
+      return [finish, into] {
+        finish();
+        return into;
+      };
     }
-    at::Tensor send = local.contiguous();
-    std::vector<at::Tensor> inputs{send};
-    auto outputs = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
-    for (int r = 0; r < size(); ++r) (*outputs)[0].push_back(at::empty_like(send));
+    std::vector<at::Tensor> inputs{local.contiguous()};
+    // Each rank's part lands in its chunk of `into` (views): no concatenation afterwards.
+    auto outputs = std::make_shared<std::vector<std::vector<at::Tensor>>>(1, into.chunk(size(), 0));
     auto work = group_->allgather(*outputs, inputs);
-    return [work, outputs, dtype = local.scalar_type()] {
+    return [work, outputs, into] {
       work->wait();
-      return at::cat((*outputs)[0], 0).to(dtype);
+      return into;
     };
   }
 
@@ -252,20 +252,26 @@ void Comm::allreduce_sum(at::Tensor& tensor) {
   run(Collective::allreduce, payload_bytes(tensor), [&] { backend_->allreduce_sum(tensor); });
 }
 
-at::Tensor Comm::allgather(const at::Tensor& local) {
-  MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
-  return run(Collective::allgather, payload_bytes(local), [&] { return backend_->allgather(local); });
+at::Tensor Comm::allgather(const at::Tensor& local, const at::Tensor& into) {
+  return allgather_async(local, into).wait();
 }
 
-PendingGather Comm::allgather_async(const at::Tensor& local) {
+PendingGather Comm::allgather_async(const at::Tensor& local, const at::Tensor& into) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
+  std::vector<int64_t> gathered_shape = local.sizes().vec();
+  gathered_shape[0] *= size();
+  MT_CHECK(!into.defined() || (into.is_contiguous() && into.scalar_type() == local.scalar_type() &&
+                               into.sizes().vec() == gathered_shape),
+           "allgather over {}: the destination must be a contiguous {} tensor of shape {}", label_,
+           c10::toString(local.scalar_type()), c10::str(c10::IntArrayRef(gathered_shape)));
+  const at::Tensor destination = into.defined() ? into : at::empty(gathered_shape, local.options());
   const auto start = std::chrono::steady_clock::now();
   PendingGather pending;
   pending.bytes_ = payload_bytes(local);
   pending.ticket_ = counters_->begin(label_, Collective::allgather, ++sequence_, pending.bytes_);
   pending.label_ = fmt::format("allgather #{} over {}", sequence_, label_);
   try {
-    pending.finish_ = backend_->start_allgather(local);
+    pending.finish_ = backend_->start_allgather(local, destination);
   } catch (const std::exception& e) {
     throw CollectiveError(fmt::format("{} failed in the transport: {}", pending.label_, e.what()));
   }

@@ -128,10 +128,11 @@ class Comm {
 
   // Sum over the group, in place.
   void allreduce_sum(at::Tensor& tensor);
-  // Concatenation of every rank's `local` along dim 0, in rank order: [size * n, ...].
-  at::Tensor allgather(const at::Tensor& local);
+  // Concatenation of every rank's `local` along dim 0, in rank order: [size * n, ...], written into `into` when
+  // given (a contiguous tensor of that shape and local's dtype: no buffer of the result's size allocated here).
+  at::Tensor allgather(const at::Tensor& local, const at::Tensor& into = {});
   // The same, started now and finished by wait() (every rank must start it at the same point of its sequence).
-  PendingGather allgather_async(const at::Tensor& local);
+  PendingGather allgather_async(const at::Tensor& local, const at::Tensor& into = {});
   // Root's tensor everywhere, in place.
   void broadcast(at::Tensor& tensor, int root);
   // `input` is [size * n, ...]: rank r receives the sum over ranks of chunk r, [n, ...]. Summed in rank order,

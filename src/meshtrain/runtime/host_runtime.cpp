@@ -4,6 +4,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/config/config.hpp"
+#include "meshtrain/runtime/compute_threads.hpp"
 #include "meshtrain/runtime/network.hpp"
 #include "meshtrain/runtime/watchdog.hpp"
 
@@ -114,9 +115,10 @@ HostRuntime::HostRuntime(HostIdentity identity, const mesh::Mesh& mesh, RuntimeO
   threads_per_device_ =
       options_.threads_per_device > 0 ? options_.threads_per_device : std::max(1, cores / identity_.devices_per_host);
 
-  log::info("Host {} of {} (from {}, pid {}), {} devices, {} torch threads per device, coordinator {}:{}",
+  log::info("Host {} of {} (from {}, pid {}), {} devices, {} torch threads per device ({}), coordinator {}:{}",
             identity_.host, identity_.hosts, identity_.source, ::getpid(), identity_.devices_per_host,
-            threads_per_device_, identity_.master_addr, identity_.master_port);
+            threads_per_device_, set_blas_threads(threads_per_device_), identity_.master_addr,
+            identity_.master_port);
   if (identity_.host == 0) server_ = connect_store(identity_, true, options_.rendezvous_timeout_s);
   store_ = connect_store(identity_, false, options_.rendezvous_timeout_s);
   if (identity_.host == 0) {
@@ -281,7 +283,7 @@ void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) 
       // peers fail first and hide the real reason.
       std::unique_ptr<DeviceContext> context;
       try {
-        at::set_num_threads(threads_per_device_);
+        set_device_intra_op_threads(threads_per_device_);
         // Each device thread has its own store client: a TCPStore client shared between threads is not safe.
         auto store = connect_store(identity_, false, options_.rendezvous_timeout_s);
         auto gloo_device = make_gloo_device(identity_);

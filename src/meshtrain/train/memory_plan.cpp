@@ -5,6 +5,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
+#include "meshtrain/parallel/fsdp.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -36,28 +37,35 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   const int64_t D = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, tp = layout.tensor;
   const int64_t q_out = m.num_attention_heads * m.head_dim, kv_out = m.num_key_value_heads * m.head_dim;
   const int64_t F = m.intermediate_size, H = m.num_attention_heads, T = settings.block_size;
-  // Elements of each FSDP unit on one tensor rank: the root (embedding, final norm, untied head) and a layer.
-  const int64_t root = V * D + D + (m.tie_word_embeddings ? 0 : V * D);
+  // Elements of each FSDP unit on one tensor rank: the embedding, a layer, the final norm, lm_head (untied); the
+  // head's weight is V x D either way.
+  const int64_t head_weight = V * D, lm_head = m.tie_word_embeddings ? 0 : V * D;
   const int64_t layer = (2 * D * q_out + 2 * D * kv_out + 3 * D * F) / tp + 2 * D;
-  const int64_t root_shard = ceil_div(root, layout.fsdp), layer_shard = ceil_div(layer, layout.fsdp);
+  const int64_t embedding_shard = ceil_div(V * D, layout.fsdp), layer_shard = ceil_div(layer, layout.fsdp);
+  const int64_t norm_shard = ceil_div(D, layout.fsdp), lm_head_shard = ceil_div(lm_head, layout.fsdp);
   const int64_t c = bytes_of(settings.compute_dtype), g = bytes_of(settings.parallel.gather_dtype);
 
   MemoryPlan plan;
   plan.layout = layout;
   DeviceMemory& d = plan.device;
-  d.parameters = 4 * (root_shard + L * layer_shard);
+  d.parameters = 4 * (embedding_shard + L * layer_shard + norm_shard + lm_head_shard);
   d.gradients = d.parameters;
-  d.optimizer = 2 * d.parameters + 4 * std::max(root_shard, layer_shard);  // moments + the update's scratch
+  // The moments and the update's scratch (the size of the largest shard).
+  d.optimizer = 2 * d.parameters + 4 * std::max({embedding_shard, layer_shard, lm_head_shard});
   if (layout.fsdp > 1) {
-    // The root stays gathered for the step; its gradient (gather dtype, then an fp32 flat buffer) at the end. Layers:
-    // the one running and the next one prefetched (all of them when kept from forward to backward), one layer's
-    // gradients at a time.
-    const int64_t layers_held = settings.parallel.reshard_after_forward ? 2 : L;
-    d.gathered = (2 * g + 4) * root + g * layers_held * layer + (g + 4) * layer;
+    // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward
+    // (a bf16 gather also lands in a bf16 buffer first); one layer running, the next one prefetched and one layer's
+    // gradient, in backward. A reduce-scatter adds two pieces (FsdpUnit::kReducePieceElements) at most. Kept from
+    // forward to backward (no resharding): every layer, and an untied embedding.
+    const int64_t staging = g == 4 ? 0 : g;
+    const int64_t head_phase = (8 + staging) * head_weight, layer_phase = (4 + 4 + 4 + 2 * staging) * layer;
+    d.gathered = std::max(head_phase, layer_phase) + 2 * 4 * parallel::FsdpUnit::kReducePieceElements;
+    if (!settings.parallel.reshard_after_forward)
+      d.gathered += 4 * L * layer + (m.tie_word_embeddings ? 0 : 4 * V * D);
   } else {
-    // The parameters are the shards; autograd's gradients of the root (whole backward) and of one layer at a time,
-    // and with bf16 compute the bf16 copies of every weight that backward keeps.
-    d.gathered = 4 * (root + layer) + (c == 2 ? 2 * (root + L * layer) : 0);
+    // The parameters are the shards; autograd's gradient of one layer before it is added to the shard, and with
+    // bf16 compute the bf16 copies of every layer weight that backward keeps.
+    d.gathered = 4 * layer + (c == 2 ? 2 * L * layer : 0);
   }
   const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.micro_batches) * T;
   // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs, normalized
@@ -73,10 +81,11 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
     d.activations = checkpointed * tokens * D * c + (L - checkpointed) * layer_activations + layer_activations;
   }
   d.activations += 4 * tokens * D * c;  // the embedding output and the final norm
-  // The fused head loss (model/fused_cross_entropy.hpp): the head weight's fp32 gradient and the hidden states'
-  // gradient, kept from forward to backward, and one chunk of logits with its gradient at a time.
+  // The fused head loss (model/fused_cross_entropy.hpp): kept from forward to backward, the hidden states' gradient
+  // and this device's shard of the head weight's fp32 gradient (reduce-scattered in forward; all of it at fsdp=1);
+  // one chunk of logits with its gradient at a time.
   const int64_t chunk = std::min(tokens, model::cross_entropy_chunk_rows(V));
-  d.logits = 4 * V * D + tokens * D * c + chunk * V * (2 * 4 + c);
+  d.logits = 4 * ceil_div(head_weight, layout.fsdp) + tokens * D * c + chunk * V * (2 * 4 + c);
   return plan;
 }
 

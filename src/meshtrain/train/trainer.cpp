@@ -182,9 +182,15 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   // the reporter thread only), `resume` (read only), `checkpoint_weights` (const reads, each a pread).
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) {
     const bool reporter = ctx.info().local == 0;
-    auto model = std::make_shared<model::LlamaForCausalLM>(model_config);  // allocated, never written whole
-    model->set_compute_dtype(settings.compute_dtype);
-    parallel::ParallelModel parallel_model(model, ctx, settings.parallel, initial_values);
+    // Built without parameter storage: ParallelModel gives each parameter only this device's pieces.
+    std::optional<parallel::ParallelModel> built;
+    {
+      const model::ParametersWithoutStorage without_storage;
+      auto model = std::make_shared<model::LlamaForCausalLM>(model_config);
+      model->set_compute_dtype(settings.compute_dtype);
+      built.emplace(model, ctx, settings.parallel, initial_values);
+    }
+    parallel::ParallelModel& parallel_model = *built;
     AdamW optimizer(settings.adamw, parallel_model.parameter_shards());
     if (resume) load_optimizer_state(resume->dir, parallel_model, optimizer);
     if (ctx.device() == 0) log::info("Memory: {}", parallel_model.memory_summary());
