@@ -59,7 +59,9 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
     // forward to backward (no resharding): every layer, and an untied embedding.
     const int64_t staging = g == 4 ? 0 : g;
     const int64_t head_phase = (8 + staging) * head_weight, layer_phase = (4 + 4 + 4 + 2 * staging) * layer;
-    d.gathered = std::max(head_phase, layer_phase) + 2 * 4 * parallel::FsdpUnit::kReducePieceElements;
+    const int64_t reduce_pieces =
+        2 * 4 * std::min(parallel::FsdpUnit::kReducePieceElements, std::max(head_weight, layer));
+    d.gathered = std::max(head_phase, layer_phase) + reduce_pieces;
     if (!settings.parallel.reshard_after_forward)
       d.gathered += 4 * L * layer + (m.tie_word_embeddings ? 0 : 4 * V * D);
   } else {
