@@ -103,6 +103,8 @@ at::Tensor FsdpUnit::reduce_scatter(const std::vector<at::Tensor>& member_grads)
   // copied from the members' gradients into a send buffer of at most kReducePieceElements.
   const int64_t shard_numel = padded_numel_ / n;
   const int64_t piece_numel = std::max<int64_t>(1, std::min(shard_numel, kReducePieceElements / n));
+  std::vector<at::Tensor> flat_grads;  // undefined: zeros
+  for (const at::Tensor& grad : member_grads) flat_grads.push_back(grad.defined() ? grad.reshape({-1}) : grad);
   at::Tensor shard = at::empty({shard_numel}, at::kFloat);
   for (int64_t begin = 0; begin < shard_numel; begin += piece_numel) {
     const int64_t count = std::min(piece_numel, shard_numel - begin);
@@ -112,9 +114,8 @@ at::Tensor FsdpUnit::reduce_scatter(const std::vector<at::Tensor>& member_grads)
       for (size_t i = 0; i < members_.size(); ++i) {
         const Member& m = members_[i];
         const int64_t from = std::max(lo, m.offset), to = std::min(hi, m.offset + m.numel);
-        if (from >= to || !member_grads[i].defined()) continue;
-        const at::Tensor flat = member_grads[i].reshape({-1});
-        send.narrow(0, r * count + from - lo, to - from).copy_(flat.narrow(0, from - m.offset, to - from));
+        if (from >= to || !flat_grads[i].defined()) continue;
+        send.narrow(0, r * count + from - lo, to - from).copy_(flat_grads[i].narrow(0, from - m.offset, to - from));
       }
     }
     shard.narrow(0, begin, count).copy_(comm_.reduce_scatter_sum(send));
@@ -125,7 +126,8 @@ at::Tensor FsdpUnit::reduce_scatter(const std::vector<at::Tensor>& member_grads)
 std::optional<FsdpUnit::ShardPiece> FsdpUnit::piece_in_shard(const Member& m, int shard,
                                                               const model::ParameterSlice& block) const {
   const int64_t shard_numel = padded_numel_ / comm_.size();
-  const int64_t lo = std::max(shard * shard_numel, m.offset), hi = std::min((shard + 1) * shard_numel, m.offset + m.numel);
+  const int64_t lo = std::max(shard * shard_numel, m.offset);
+  const int64_t hi = std::min((shard + 1) * shard_numel, m.offset + m.numel);
   if (lo >= hi) return std::nullopt;
   return ShardPiece{block.range(lo - m.offset, hi - m.offset), lo - shard * shard_numel};
 }

@@ -1,5 +1,5 @@
-// fsdp.hpp — one FSDP unit: a group of parameters (a decoder layer, or the model's root: embedding, final norm and
-// head) kept as one flat fp32 buffer, sharded over the `fsdp` group, that the optimizer updates in place.
+// fsdp.hpp — one FSDP unit: a group of parameters (a decoder layer; the embedding table, the final norm or lm_head)
+// kept as one flat fp32 buffer, sharded over the `fsdp` group, that the optimizer updates in place.
 //
 // Life of a unit in a step (n = fsdp group size > 1):
 //   gather()       all-gather of the shards (fp32, or bf16 with bf16 compute) into a full flat fp32 buffer (fp32:

@@ -362,7 +362,7 @@ std::string ParallelModel::memory_summary() const {
                              : megabytes(static_cast<int64_t>(sizeof(float)) * largest_unit) + " for the largest unit",
       fsdp_comm_.size() == 1 ? "no FSDP"
       : resharding()         ? "one unit at a time: the embedding for the lookup, each layer (regathered for "
-                               "backward), the head from the loss to its gradients"
+                               "backward), the final norm and the head for the loss"
                              : "every unit kept from forward to backward");
 }
 
