@@ -3,6 +3,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -61,6 +62,9 @@ bool set_up_memory() {
 
 int main(int argc, char** argv) {
   if (!set_up_memory()) return 2;
+  // A write to a peer that has gone away (Gloo's sockets, the TCP store) must fail with EPIPE, which the runtime
+  // reports as a transport error and then replaces with the published reason, not kill the host silently.
+  std::signal(SIGPIPE, SIG_IGN);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage();
     return argc < 2 ? 2 : 0;
