@@ -1,6 +1,7 @@
 # The README's commands. Each does all set-up itself (scripts/setup.sh is quick when everything is installed).
 #   make demo       the seed's scenario: 2 host processes x 4 virtual devices train a tiny Llama on the embedded
-#                   corpus with global_batch_size=8 over ici_mesh.fsdp=4 x dcn_mesh.fsdp=2, every data stage logged
+#                   corpus with global_batch_size=8 over ici_mesh.fsdp=4 x dcn_mesh.fsdp=2, every data stage logged,
+#                   held-out evaluation every 10 steps; then a greedy sample from the run's checkpoint
 #   make test       every test (unit, multi-host, Python references)
 #   make test-fast  the fast set (leaves out suites named *SlowTest)
 # Sanitizers and stress (issue 11; .ci/run runs `make test` then `make test-asan`):
@@ -27,7 +28,9 @@ build: setup $(BUILD_DIR)/build.ninja
 
 demo: build
 	$(MESHTRAIN) run --hosts 2 --devices-per-host 4 -- train ici_mesh.fsdp=4 dcn_mesh.fsdp=2 global_batch_size=8 \
-	  debug.data_shapes=true output_dir=outputs/demo checkpoint.resume=false
+	  debug.data_shapes=true eval.every_steps=10 output_dir=outputs/demo checkpoint.resume=false
+	@echo "--- meshtrain generate --checkpoint outputs/demo --prompt 'Call me Ishmael.' (greedy, KV cache):"
+	$(MESHTRAIN) generate --checkpoint outputs/demo --prompt "Call me Ishmael." --max-new-tokens 80
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -10,8 +10,10 @@ packages=(
   libopenblas0-pthread                # fp32 matmuls: the default reference BLAS is ~20x slower
   libyaml-cpp-dev libcli11-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev
+  libprotobuf-dev protobuf-compiler   # TensorBoard event files (src/meshtrain/tensorboard/event.proto)
   python3-torch python3-numpy         # independent reference implementations and Python peers in tests/bench
   iproute2                            # `ip netns`: two hosts on a veth link in tests/python/slow_test_netns.py
+  chromium                            # headless: tests/python/test_plot.py renders the run's metrics.svg
 )
 
 missing=()

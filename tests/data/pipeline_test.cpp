@@ -53,10 +53,11 @@ struct DeviceStep {
 // thread per device. With `check_replicas`, the first and last steps also run the replica check (collective).
 // Returns, per device, what next() gave at every step; fails the test on any device's exception.
 std::vector<std::vector<DeviceStep>> run_job(const config::Config& config, const mesh::Mesh& mesh, DataCursor start,
-                                             int64_t steps, bool check_replicas = false) {
+                                             int64_t steps, bool check_replicas = false,
+                                             DataPipeline::Purpose purpose = DataPipeline::Purpose::training) {
   std::vector<std::unique_ptr<DataPipeline>> pipelines;
   for (int host = 0; host < mesh.hosts(); ++host)
-    pipelines.push_back(std::make_unique<DataPipeline>(config, mesh, host, start));
+    pipelines.push_back(std::make_unique<DataPipeline>(config, mesh, host, start, purpose));
   std::vector<std::vector<DeviceStep>> got(mesh.num_devices());
   testing::expect_no_failures(testing::run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     for (int64_t step = 0; step < steps; ++step) {
@@ -212,6 +213,59 @@ TEST_F(DataPipelineTest, WholeEpochsOnEveryMeshReadEachSampleOnceInTheSamplersOr
     EXPECT_EQ(seen[1].size(), 200u);
     if (first_mesh_batches.empty()) first_mesh_batches = batches;
     for (int64_t k = 0; k < steps; ++k) EXPECT_TRUE(at::equal(batches[k], first_mesh_batches[k])) << "step " << k;
+  }
+}
+
+TEST_F(DataPipelineTest, EvaluationReadsOnlyHeldOutSamplesTheSameBatchesEveryRoundOnEveryMesh) {
+  // 200 samples; 10% held out: training draws from samples 0..179 (22 batches of 8 per epoch), evaluation from
+  // 180..199, 2 batches per round.
+  const config::Config config =
+      data_config(dir_, {"eval.every_steps=5", "eval.batches=2", "eval.holdout_fraction=0.1"});
+  const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
+  std::set<int64_t> trained;
+  for (const at::Tensor& batch : assemble(run_job(config, mesh, {0, 0}, 2 * 22), 8, 8))
+    for (int64_t id : sample_ids(batch, 8)) trained.insert(id);
+  EXPECT_GE(trained.size(), 176u);  // two epochs of 176 samples, each leaving out a different 4 of the 180
+  EXPECT_LT(*trained.rbegin(), 180);
+
+  // Two rounds of evaluation.
+  const std::vector<at::Tensor> evaluated =
+      assemble(run_job(config, mesh, {0, 0}, 4, /*check_replicas=*/true, DataPipeline::Purpose::evaluation), 8, 8);
+  std::set<int64_t> held_out;
+  for (int64_t k = 0; k < 2; ++k) {
+    EXPECT_TRUE(at::equal(evaluated[k], evaluated[k + 2])) << "round 2 read other batches at batch " << k;
+    for (int64_t id : sample_ids(evaluated[k], 8)) {
+      EXPECT_TRUE(held_out.insert(id).second) << "sample " << id << " twice in one round";
+      EXPECT_GE(id, 180);
+      EXPECT_LT(id, 200);
+      EXPECT_EQ(trained.count(id), 0u) << "held-out sample " << id << " was trained on";
+    }
+  }
+  EXPECT_EQ(held_out.size(), 16u);
+  // Another mesh evaluates the same batches.
+  const mesh::Mesh other = mesh::Mesh::create(axis_sizes(1, 2, 2, 1), axis_sizes(2, 1, 1, 1), 4, 2);
+  const std::vector<at::Tensor> on_other =
+      assemble(run_job(config, other, {0, 0}, 2, false, DataPipeline::Purpose::evaluation), 8, 8);
+  for (int64_t k = 0; k < 2; ++k) EXPECT_TRUE(at::equal(on_other[k], evaluated[k])) << "batch " << k;
+
+  // The held-out split is part of the data state: a run saved with it does not resume without it.
+  const mesh::Mesh one = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
+  const nlohmann::json saved = DataPipeline(config, one, 0, {0, 0}).state({0, 3});
+  try {
+    DataPipeline(data_config(dir_), one, 0, {0, 0}).check_state(saved);
+    ADD_FAILURE() << "resumed without the held-out split";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("samples: saved [0,180], now [0,200]"), std::string::npos) << e.what();
+  }
+  // Too few held-out samples for eval.batches names the keys.
+  try {
+    DataPipeline(data_config(dir_, {"eval.every_steps=5", "eval.batches=3", "eval.holdout_fraction=0.1"}), one, 0,
+                 {0, 0}, DataPipeline::Purpose::evaluation);
+    ADD_FAILURE() << "3 batches of 8 from 20 held-out samples";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("eval.batches=3 needs 3 x 8 (global_batch_size) = 24 held-out samples"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("raise eval.holdout_fraction"), std::string::npos) << e.what();
   }
 }
 

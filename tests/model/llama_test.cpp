@@ -1,7 +1,9 @@
 // llama_test.cpp — the Llama model's configs (published parameter counts), structure (HF names, swappable
-// projections), properties (causality, GQA == MHA with repeated heads, bf16 close to fp32) and a short training run.
+// projections), properties (causality, GQA == MHA with repeated heads, bf16 close to fp32), KV-cached decoding against
+// the full forward, greedy and seeded generation, and a short training run.
 // Numerical parity with an independent reference is tests/python/test_model_reference.py.
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/generation.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 
@@ -123,6 +125,59 @@ TEST(LlamaModelTest, CausalAndBatchRowsIndependent) {
                            logits2.index({0, torch::indexing::Slice(0, 8)})));
   EXPECT_FALSE(torch::allclose(logits.index({0, 8}), logits2.index({0, 8})));
   EXPECT_TRUE(torch::allclose(logits.index({1}), model.forward(tokens.narrow(0, 1, 1))[0], 1e-5, 1e-5));
+}
+
+TEST(LlamaModelTest, KvCachedDecodingGivesTheFullForwardsLogits) {
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    LlamaForCausalLM model(small_config(4, 2));
+    initialize_parameters(model, 5);
+    if (bf16) model.set_compute_dtype(torch::kBFloat16);
+    torch::NoGradGuard no_grad;
+    const torch::Tensor tokens_BT = random_tokens(2, 12, 50, 3);
+    const torch::Tensor full_BTV = model.forward(tokens_BT);
+    // A prompt of 5 positions, then one position at a time, then the last 3 at once.
+    KvCache cache = model.new_kv_cache(2, 12);
+    std::vector<std::pair<int64_t, int64_t>> pieces = {{0, 5}, {5, 1}, {6, 1}, {7, 1}, {8, 1}, {9, 3}};
+    for (const auto& [first, count] : pieces) {
+      const torch::Tensor logits_BV = model.next_token_logits(tokens_BT.narrow(1, first, count), cache);
+      EXPECT_EQ(cache.length, first + count);
+      const torch::Tensor want_BV = full_BTV.select(1, first + count - 1);
+      EXPECT_TRUE(torch::allclose(logits_BV, want_BV, bf16 ? 2e-2 : 1e-5, bf16 ? 2e-2 : 1e-5))
+          << "positions " << first << ".." << first + count - 1 << ": max diff "
+          << (logits_BV - want_BV).abs().max().item<double>();
+    }
+    EXPECT_THROW(model.next_token_logits(tokens_BT.narrow(1, 0, 1), cache), UserError);  // the cache is full
+  }
+}
+
+TEST(LlamaModelTest, GreedyGenerationIsTheArgmaxOfTheFullForwardAndSamplingFollowsTheSeed) {
+  LlamaForCausalLM model(small_config(4, 2));
+  initialize_parameters(model, 9);
+  torch::NoGradGuard no_grad;
+  const std::vector<int64_t> prompt = {3, 17, 42, 8};
+  const std::vector<int64_t> greedy = generate(model, prompt, 10, {});
+  ASSERT_EQ(greedy.size(), 10u);
+  std::vector<int64_t> sequence = prompt;
+  for (int64_t want : greedy) {  // without a cache: the whole sequence each time
+    const torch::Tensor logits_TV = model.forward(torch::tensor(sequence, torch::kInt64).view({1, -1}))[0];
+    EXPECT_EQ(logits_TV[-1].argmax().item<int64_t>(), want) << "after " << sequence.size() << " tokens";
+    sequence.push_back(want);
+  }
+  SamplingOptions sampled;
+  sampled.temperature = 1.5;
+  sampled.seed = 7;
+  const std::vector<int64_t> first = generate(model, prompt, 20, sampled);
+  EXPECT_EQ(generate(model, prompt, 20, sampled), first);
+  sampled.seed = 8;
+  EXPECT_NE(generate(model, prompt, 20, sampled), first);
+  sampled.top_k = 1;  // one candidate: greedy
+  EXPECT_EQ(generate(model, prompt, 10, sampled), greedy);
+  sampled.top_k = 0;
+  sampled.top_p = 1e-9;  // the most likely token alone reaches it
+  EXPECT_EQ(generate(model, prompt, 10, sampled), greedy);
+  sampled.top_p = 0;
+  EXPECT_THROW(generate(model, prompt, 1, sampled), UserError);
 }
 
 TEST(LlamaModelTest, GroupedQueryEqualsMultiHeadWithRepeatedKeyValueHeads) {

@@ -8,7 +8,8 @@ per-token log-probs and every parameter gradient with the reference computed her
 
 Tolerances (C++ computes in fp32, the reference in fp64): |cpp - ref| <= 1e-5 + 2e-4 * max|ref| per tensor, which
 fp32 rounding stays well inside at these sizes while a wrong sign, head order, RoPE pairing or scaling breaks it
-by orders of magnitude (see test_reference_detects_rope_convention_error).
+by orders of magnitude (see test_reference_detects_rope_convention_error). `meshtrain generate` on such directories
+must give the reference's greedy tokens.
 """
 import json
 import math
@@ -219,6 +220,20 @@ def run_case(testcase, cfg, seed, seq_len=48):
     return logits, worst
 
 
+def check_greedy_tokens(testcase, cfg, params, prompt, tokens):
+    """`tokens` (generated after `prompt`) are the reference's greedy decode under float64 `params`, recomputing the
+    whole sequence for each (no cache). Where the reference's two best logits are within 1e-4, a tie that fp32
+    rounding may break either way, the token must be one of the two."""
+    sequence = list(prompt)
+    for i, token in enumerate(tokens):
+        top2 = torch.topk(reference_logits(cfg, params, torch.tensor([sequence]))[0, -1], 2)
+        if top2.values[0] - top2.values[1] < 1e-4:
+            testcase.assertIn(token, top2.indices.tolist(), f"new token {i}: a near tie, neither of the two best")
+        else:
+            testcase.assertEqual(token, top2.indices[0].item(), f"new token {i} after {sequence}")
+        sequence.append(token)
+
+
 @unittest.skipUnless(os.path.exists(BINARY), "MESHTRAIN_BINARY is not set to the built meshtrain")
 class ModelReferenceTest(unittest.TestCase):
     def test_cases(self):
@@ -226,6 +241,27 @@ class ModelReferenceTest(unittest.TestCase):
             with self.subTest(case=name):
                 _, worst = run_case(self, cfg, seed=100 + i)
                 print(f"{name}: worst |C++ - reference| over logits and grads = {worst:.3g}", file=sys.stderr)
+
+    def test_generate_greedy_on_hugging_face_directories(self):
+        """`meshtrain generate` (KV cache, fp32) on hand-written HF directories: the reference's greedy tokens."""
+        for name in ("gqa_llama31_rope", "tied_mqa"):
+            with self.subTest(case=name):
+                cfg = CASES[name]
+                params = make_params(cfg, 21)
+                prompt = torch.randint(0, cfg["vocab_size"], (10,), generator=torch.Generator().manual_seed(22))
+                with tempfile.TemporaryDirectory() as tmp:
+                    with open(os.path.join(tmp, "config.json"), "w") as f:
+                        json.dump(cfg, f)
+                    write_safetensors(os.path.join(tmp, "model.safetensors"), params)
+                    proc = subprocess.run([BINARY, "generate", "--checkpoint", tmp, "--tokens",
+                                           " ".join(map(str, prompt.tolist())), "--max-new-tokens", "12", "--json",
+                                           "--threads", "2"], capture_output=True, text=True)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                printed = json.loads(proc.stdout)
+                self.assertIsNone(printed["text"])  # no tokenizer.json in the directory
+                self.assertEqual(len(printed["tokens"]), 12)
+                check_greedy_tokens(self, cfg, {k: v.double() for k, v in params.items()}, prompt.tolist(),
+                                    printed["tokens"])
 
     def test_reference_detects_rope_convention_error(self):
         """The tolerance is meaningful: the interleaved (Meta) RoPE pairing gives logits far outside it."""

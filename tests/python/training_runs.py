@@ -35,7 +35,8 @@ def read_losses(output_dir):
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:
         for line in f:
             record = json.loads(line)
-            losses[record["step"]] = record["loss"]
+            if "loss" in record:  # not an evaluation's line
+                losses[record["step"]] = record["loss"]
     return losses
 
 

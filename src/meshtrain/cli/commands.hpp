@@ -9,6 +9,8 @@ int train_command(int argc, char** argv);      // meshtrain train: one host of a
 int commcheck_command(int argc, char** argv);  // meshtrain commcheck: collectives over every mesh axis, checked
 int plan_command(int argc, char** argv);       // meshtrain plan: mesh, device assignment (and more) without starting
 int score_command(int argc, char** argv);      // meshtrain score: per-token log-probs and loss under a checkpoint
+int generate_command(int argc, char** argv);   // meshtrain generate: tokens after a prompt, from a checkpoint
+int plot_command(int argc, char** argv);       // meshtrain plot: metrics.svg of a run from its metrics.jsonl
 int peak_command(int argc, char** argv);       // meshtrain peak: this machine's fp32/bf16 matmul GFLOP/s
 int prepare_command(int argc, char** argv);    // meshtrain prepare: text/JSONL files into token shards
 int tokenize_command(int argc, char** argv);   // meshtrain tokenize: token ids of a text, or text of ids

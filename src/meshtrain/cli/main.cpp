@@ -24,6 +24,8 @@ const Verb kVerbs[] = {
     {"commcheck", meshtrain::cli::commcheck_command, "run and check one collective over each mesh axis"},
     {"plan", meshtrain::cli::plan_command, "print the mesh and device assignment without starting anything"},
     {"score", meshtrain::cli::score_command, "per-token log-probabilities and mean loss of a text under a checkpoint"},
+    {"generate", meshtrain::cli::generate_command, "generate text after a prompt from a checkpoint (KV cache)"},
+    {"plot", meshtrain::cli::plot_command, "draw a run's loss, eval loss and step times as <output_dir>/metrics.svg"},
     {"peak", meshtrain::cli::peak_command, "measure this machine's fp32 and bf16 matmul GFLOP/s"},
     {"prepare", meshtrain::cli::prepare_command, "tokenize text or JSONL files into a token-shard directory"},
     {"tokenize", meshtrain::cli::tokenize_command, "print the token ids of a text (--decode: the text of ids)"},

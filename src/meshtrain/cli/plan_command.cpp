@@ -5,7 +5,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/data/dataset.hpp"
-#include "meshtrain/data/global_sampler.hpp"
+#include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
 #include "meshtrain/sharding/visualize.hpp"
@@ -51,8 +51,7 @@ StepPlan step_plan(const config::Config& config, const mesh::Mesh& mesh, int64_t
   // The index is enough for the sample count: no need to read every byte for a CRC.
   const data::TokenDataset dataset(data::TokenDataset::resolve(config.get_string("dataset.path")), block_size,
                                    tokens::PayloadCheck::never);
-  const data::GlobalSampler sampler(static_cast<uint64_t>(config.get_int("seed")), dataset.num_samples(),
-                                    global_batch_size);
+  const data::GlobalSampler sampler = data::sampler_for(config, dataset, data::DataPipeline::Purpose::training);
   const sharding::PartitionSpec spec = data::input_sharding(config);
   StepPlan plan;
   plan.batches_per_epoch = sampler.batches_per_epoch();

@@ -3,6 +3,7 @@
 //
 // A hidden option, --dump-reference FILE, also backpropagates the mean loss and writes the logits, log-probs, loss
 // and every parameter's gradient ("grad.<name>") to a safetensors file: the Python reference tests read it.
+#include "meshtrain/cli/command_inputs.hpp"
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/error.hpp"
@@ -14,30 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 namespace meshtrain::cli {
-namespace {
-
-std::vector<int64_t> parse_token_ids(const std::string& text) {
-  std::vector<int64_t> ids;
-  std::istringstream in(text);
-  std::string word;
-  while (in >> word) {
-    size_t used = 0;
-    int64_t id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-    }
-    MT_USER_CHECK(used == word.size() && id >= 0, "--tokens: '{}' is not a token id (expected \"ID ID ...\")", word);
-    ids.push_back(id);
-  }
-  return ids;
-}
-
-}  // namespace
 
 int score_command(int argc, char** argv) {
   CLI::App app{"Score a text or token sequence: per-token log-probabilities and the mean next-token loss.",
@@ -45,13 +25,16 @@ int score_command(int argc, char** argv) {
   std::string checkpoint, text, tokens_text, tokenizer_name, dump_path;
   bool as_json = false;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
-  app.add_option("--checkpoint", checkpoint, "Hugging Face-format checkpoint directory (config.json + safetensors)")
+  app.add_option("--checkpoint", checkpoint,
+                 "Hugging Face-format checkpoint directory (config.json + safetensors), or a run's output_dir: its "
+                 "newest complete checkpoint")
       ->required();
   auto* text_option = app.add_option("--text", text, "text to score (encoded as is: no BOS is added)");
   auto* tokens_option = app.add_option("--tokens", tokens_text, "token ids to score, e.g. \"1 2 3\"");
   text_option->excludes(tokens_option);
   app.add_option("--tokenizer", tokenizer_name,
-                 "tokenizer for --text: a name (llama3, gpt2, byte, ...) or a file; default <checkpoint>/tokenizer.json");
+                 "tokenizer for --text: a name (llama3, gpt2, byte, ...) or a file; default <checkpoint>/tokenizer.json, "
+                 "or the tokenizer of the data a meshtrain checkpoint was trained on");
   app.add_flag("--json", as_json, "print {\"loss\": mean, \"logprobs\": [...]}");
   app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
   app.add_option("--dump-reference", dump_path)->group("");  // hidden: for the Python reference tests
@@ -63,19 +46,15 @@ int score_command(int argc, char** argv) {
   MT_USER_CHECK(!text.empty() || !tokens_text.empty(), "give --text TEXT or --tokens \"ID ID ...\"");
   MT_USER_CHECK(threads > 0, "--threads must be positive, got {}", threads);
   at::set_num_threads(threads);
+  checkpoint = resolve_checkpoint_dir(checkpoint).string();
 
   std::vector<int64_t> ids;
-  std::shared_ptr<const tokenizer::Tokenizer> tok;
+  const std::shared_ptr<const tokenizer::Tokenizer> tok = checkpoint_tokenizer(checkpoint, tokenizer_name);
   if (!tokens_text.empty()) {
-    ids = parse_token_ids(tokens_text);
+    ids = parse_token_ids(tokens_text, "--tokens");
   } else {
-    if (tokenizer_name.empty()) {
-      const std::filesystem::path own = std::filesystem::path(checkpoint) / "tokenizer.json";
-      MT_USER_CHECK(std::filesystem::exists(own), "--text needs a tokenizer: {} has no tokenizer.json; pass --tokenizer",
-                    checkpoint);
-      tokenizer_name = own.string();
-    }
-    tok = tokenizer::load_tokenizer(tokenizer_name);
+    MT_USER_CHECK(tok, "--text needs a tokenizer: {} has neither a tokenizer.json nor a training_state.json that "
+                  "names one; pass --tokenizer", checkpoint);
     for (uint32_t id : tok->encode(text)) ids.push_back(id);
   }
   MT_USER_CHECK(ids.size() >= 2, "scoring needs at least 2 tokens (each is predicted from those before it), got {}",

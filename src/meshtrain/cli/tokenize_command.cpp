@@ -1,10 +1,10 @@
 // tokenize_command.cpp — `meshtrain tokenize --tokenizer NAME_OR_PATH TEXT`: prints the token ids of TEXT on one
 // line, separated by single spaces; `--decode` takes ids and prints their text. TEXT defaults to standard input.
 #include <CLI/CLI.hpp>
-#include <charconv>
 #include <iostream>
 #include <iterator>
 
+#include "meshtrain/cli/command_inputs.hpp"
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/tokenizer/tokenizer.hpp"
@@ -37,17 +37,10 @@ int tokenize_command(int argc, char** argv) {
 
   if (decode) {
     std::vector<uint32_t> ids;
-    for (size_t i = 0; i < input.size();) {
-      if (input[i] == ' ' || input[i] == '\n' || input[i] == '\t' || input[i] == ',') {
-        ++i;
-        continue;
-      }
-      uint32_t id = 0;
-      auto [end, ec] = std::from_chars(input.data() + i, input.data() + input.size(), id);
-      MT_USER_CHECK(ec == std::errc() && end != input.data() + i, "--decode expects token ids, got '{}'",
-                    input.substr(i, input.find(' ', i) - i));
-      ids.push_back(id);
-      i = end - input.data();
+    for (int64_t id : parse_token_ids(input, "--decode")) {
+      MT_USER_CHECK(id < tokenizer->vocab_size(), "--decode: token id {} is outside the vocabulary of {}", id,
+                    tokenizer->vocab_size());
+      ids.push_back(static_cast<uint32_t>(id));
     }
     std::cout << tokenizer->decode(ids) << "\n";
     return 0;

@@ -4,6 +4,8 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/mix.hpp"
 
+#include <algorithm>
+
 namespace meshtrain::data {
 
 IndexPermutation::IndexPermutation(uint64_t size, uint64_t key) : size_(size) {
@@ -34,21 +36,25 @@ uint64_t IndexPermutation::operator()(uint64_t index) const {
   return value;
 }
 
-GlobalSampler::GlobalSampler(uint64_t seed, int64_t num_samples, int64_t global_batch_size)
-    : seed_(seed), num_samples_(num_samples), global_batch_size_(global_batch_size) {
+GlobalSampler::GlobalSampler(uint64_t seed, SampleRange samples, int64_t global_batch_size, bool fixed_order,
+                             int64_t max_batches_per_epoch)
+    : seed_(seed), samples_(samples), global_batch_size_(global_batch_size), fixed_order_(fixed_order) {
   MT_USER_CHECK(global_batch_size > 0, "global_batch_size must be positive, got {}", global_batch_size);
-  MT_USER_CHECK(num_samples >= global_batch_size,
-                "the dataset has {} samples, fewer than one global batch (global_batch_size={})", num_samples,
+  MT_USER_CHECK(samples.count >= global_batch_size,
+                "the dataset has {} samples, fewer than one global batch (global_batch_size={})", samples.count,
                 global_batch_size);
+  MT_CHECK(samples.first >= 0, "a sample range cannot start at {}", samples.first);
+  batches_per_epoch_ = samples.count / global_batch_size;
+  if (max_batches_per_epoch > 0) batches_per_epoch_ = std::min(batches_per_epoch_, max_batches_per_epoch);
 }
 
 int64_t GlobalSampler::sample_at(int64_t epoch, int64_t step, int64_t row) const {
   MT_CHECK(step >= 0 && step < batches_per_epoch(), "step {} is outside the epoch's {} batches", step,
            batches_per_epoch());
   MT_CHECK(row >= 0 && row < global_batch_size_, "row {} is outside the global batch of {}", row, global_batch_size_);
-  IndexPermutation order(static_cast<uint64_t>(num_samples_),
-                         splitmix64(seed_) ^ splitmix64(~static_cast<uint64_t>(epoch)));
-  return static_cast<int64_t>(order(static_cast<uint64_t>(step * global_batch_size_ + row)));
+  const uint64_t order_epoch = fixed_order_ ? 0 : static_cast<uint64_t>(epoch);
+  IndexPermutation order(static_cast<uint64_t>(samples_.count), splitmix64(seed_) ^ splitmix64(~order_epoch));
+  return samples_.first + static_cast<int64_t>(order(static_cast<uint64_t>(step * global_batch_size_ + row)));
 }
 
 std::vector<int64_t> GlobalSampler::global_batch(int64_t epoch, int64_t step) const {

@@ -5,6 +5,10 @@
 // the number of hosts or devices. An epoch has floor(num_samples / global_batch_size) batches for everyone (the tail
 // that does not fill a batch is left for that epoch), so every host yields the same number of batches. The whole
 // state is one cursor (epoch, step).
+//
+// A sampler may draw from a contiguous range of sample ids (the training samples when evaluation holds out the tail,
+// or the held-out ones), and an evaluation sampler keeps one order for every epoch and at most a given number of
+// batches per epoch, so that each evaluation reads the same batches.
 #pragma once
 
 #include <cstdint>
@@ -34,13 +38,25 @@ struct DataCursor {
   bool operator==(const DataCursor& other) const { return epoch == other.epoch && step == other.step; }
 };
 
+// Sample ids [first, first + count).
+struct SampleRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
 class GlobalSampler {
  public:
-  GlobalSampler(uint64_t seed, int64_t num_samples, int64_t global_batch_size);
+  GlobalSampler(uint64_t seed, int64_t num_samples, int64_t global_batch_size)
+      : GlobalSampler(seed, SampleRange{0, num_samples}, global_batch_size) {}
+  // `fixed_order`: every epoch uses epoch 0's order; `max_batches_per_epoch` > 0 caps the batches of an epoch (an
+  // evaluation: the same batches each time). UserError if the range holds less than one global batch.
+  GlobalSampler(uint64_t seed, SampleRange samples, int64_t global_batch_size, bool fixed_order = false,
+                int64_t max_batches_per_epoch = 0);
 
-  int64_t num_samples() const { return num_samples_; }
+  int64_t num_samples() const { return samples_.count; }
+  const SampleRange& samples() const { return samples_; }
   int64_t global_batch_size() const { return global_batch_size_; }
-  int64_t batches_per_epoch() const { return num_samples_ / global_batch_size_; }
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
 
   // Sample id of every row of global batch `step` of `epoch`.
   std::vector<int64_t> global_batch(int64_t epoch, int64_t step) const;
@@ -51,8 +67,10 @@ class GlobalSampler {
 
  private:
   uint64_t seed_;
-  int64_t num_samples_;
+  SampleRange samples_;
   int64_t global_batch_size_;
+  bool fixed_order_;
+  int64_t batches_per_epoch_;
 };
 
 }  // namespace meshtrain::data

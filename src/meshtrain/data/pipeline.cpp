@@ -8,10 +8,13 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
+#include "meshtrain/common/mix.hpp"
 #include "meshtrain/sharding/visualize.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <cmath>
 
 namespace meshtrain::data {
 namespace {
@@ -23,24 +26,87 @@ std::string ids_string(const std::vector<int64_t>& ids, size_t max = 8) {
   return ids.size() > max ? text + ", ..." : text;
 }
 
+bool evaluating(const config::Config& config) { return config.get_int("eval.every_steps") > 0; }
+
+// The dataset a pipeline reads: eval.dataset for an evaluation that has one, else dataset.path. Each shard's bytes are
+// checksummed when the loader first reads from it, not all of them before step 1.
+std::shared_ptr<const TokenDataset> open_dataset(const config::Config& config, DataPipeline::Purpose purpose) {
+  std::string path = config.get_string("dataset.path");
+  if (purpose == DataPipeline::Purpose::evaluation && !config.get_string("eval.dataset").empty())
+    path = config.get_string("eval.dataset");
+  return std::make_shared<const TokenDataset>(TokenDataset::resolve(path), config.get_int("block_size"),
+                                              tokens::PayloadCheck::on_first_read);
+}
+
+// How many samples at the end of dataset.path evaluation holds out: ceil(eval.holdout_fraction * num_samples) while
+// evaluation is on without an eval.dataset, else none.
+int64_t held_out_samples(const config::Config& config, int64_t num_samples) {
+  if (!evaluating(config) || !config.get_string("eval.dataset").empty()) return 0;
+  const double fraction = config.get_float("eval.holdout_fraction");
+  MT_USER_CHECK(fraction > 0 && fraction < 1, "eval.holdout_fraction must be in (0, 1), got {}", fraction);
+  return static_cast<int64_t>(std::ceil(fraction * static_cast<double>(num_samples) - 1e-9));
+}
+
 }  // namespace
 
-DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start)
+GlobalSampler sampler_for(const config::Config& config, const TokenDataset& dataset, DataPipeline::Purpose purpose) {
+  const uint64_t seed = static_cast<uint64_t>(config.get_int("seed"));
+  const int64_t global_batch_size = config.get_int("global_batch_size"), n = dataset.num_samples();
+  if (purpose == DataPipeline::Purpose::training) {
+    const int64_t held_out = held_out_samples(config, n);
+    MT_USER_CHECK(held_out == 0 || n - held_out >= global_batch_size,
+                  "eval.holdout_fraction={} holds out {} of the {} samples of {}, leaving fewer than one global batch "
+                  "(global_batch_size={}) to train on", config.get_float("eval.holdout_fraction"), held_out, n,
+                  dataset.path().string(), global_batch_size);
+    return GlobalSampler(seed, SampleRange{0, n - held_out}, global_batch_size);
+  }
+  MT_USER_CHECK(evaluating(config), "an evaluation pipeline needs eval.every_steps > 0");
+  const int64_t batches = config.get_int("eval.batches");
+  MT_USER_CHECK(batches >= 1, "eval.batches must be >= 1, got {}", batches);
+  const int64_t held_out = config.get_string("eval.dataset").empty() ? held_out_samples(config, n) : n;
+  MT_USER_CHECK(held_out >= batches * global_batch_size,
+                "eval.batches={} needs {} x {} (global_batch_size) = {} held-out samples, but {} holds out {}{}: lower "
+                "eval.batches{}", batches, batches, global_batch_size, batches * global_batch_size,
+                dataset.path().string(), held_out,
+                config.get_string("eval.dataset").empty()
+                    ? fmt::format(" (eval.holdout_fraction={} of {})", config.get_float("eval.holdout_fraction"), n)
+                    : " (eval.dataset: all of its samples)",
+                config.get_string("eval.dataset").empty() ? " or raise eval.holdout_fraction" : "");
+  // Its own key, so that its order does not follow the training order.
+  return GlobalSampler(splitmix64(seed ^ 0x6576616c), SampleRange{n - held_out, held_out}, global_batch_size,
+                       /*fixed_order=*/true, batches);
+}
+
+DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start,
+                           Purpose purpose)
     : mesh_(mesh),
       host_(host),
       global_batch_size_(config.get_int("global_batch_size")),
       block_size_(config.get_int("block_size")),
       seed_(static_cast<uint64_t>(config.get_int("seed"))),
       spec_(input_sharding(config)),
-      debug_shapes_(config.get_bool("debug.data_shapes")),
+      debug_shapes_(purpose == Purpose::training && config.get_bool("debug.data_shapes")),
       debug_steps_(config.get_int("debug.data_shape_steps")),
-      // Each shard's bytes are checksummed when the loader first reads from it, not all of them before step 1.
-      dataset_(std::make_shared<const TokenDataset>(TokenDataset::resolve(config.get_string("dataset.path")),
-                                                    block_size_, tokens::PayloadCheck::on_first_read)),
-      sampler_(seed_, dataset_->num_samples(), global_batch_size_),
+      dataset_(open_dataset(config, purpose)),
+      sampler_(sampler_for(config, *dataset_, purpose)),
       plan_(ReadPlan::make(mesh, global_batch_size_, block_size_, spec_, host)),
       taken_(plan_.devices.size(), 0) {
   const tokens::ShardIndex& index = dataset_->index();
+  HostLoaderOptions options;
+  options.prefetch_steps = static_cast<int>(config.get_int("data.prefetch_steps"));
+  options.threads = static_cast<int>(config.get_int("data.loader_threads"));
+  options.consumers = static_cast<int>(plan_.devices.size());
+  if (purpose == Purpose::evaluation) {
+    MT_CHECK(start == DataCursor{}, "an evaluation pipeline starts at its first batch");
+    log::info("Eval data {}: samples {}..{} of {} ({}), {} global batches of {} x {} per evaluation, read with the "
+              "training read plan", dataset_->path().string(), samples().first, samples().first + samples().count - 1,
+              dataset_->num_samples(),
+              config.get_string("eval.dataset").empty() ? "held out from training: eval.holdout_fraction" : "eval.dataset",
+              sampler_.batches_per_epoch(), global_batch_size_, block_size_);
+    options.threads = 1;
+    loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start, options);
+    return;
+  }
   log::info("Dataset {}: {} tokens in {} shard(s), tokenizer {}; {} samples of {}+1 tokens, {} global batches of {} "
             "per epoch", dataset_->path().string(), index.total_tokens, index.shards.size(),
             index.tokenizer.fingerprint, dataset_->num_samples(), block_size_, sampler_.batches_per_epoch(),
@@ -48,11 +114,10 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
   log::info("Minibatch dataloading: {}", plan_.minibatch ? "True" : "False");
   log::info("Data read plan (input_ids/labels i32[{}, {}], rows over {}): {}", global_batch_size_, block_size_,
             mesh::axes_label(spec_.dims[0]), plan_.summary(global_batch_size_));
+  if (samples().count < dataset_->num_samples())
+    log::info("Training on samples 0..{}; the last {} are held out for evaluation (eval.holdout_fraction={})",
+              samples().count - 1, dataset_->num_samples() - samples().count, config.get_float("eval.holdout_fraction"));
   log::info("Data starts at epoch {} step {}", start.epoch, start.step);
-  HostLoaderOptions options;
-  options.prefetch_steps = static_cast<int>(config.get_int("data.prefetch_steps"));
-  options.threads = static_cast<int>(config.get_int("data.loader_threads"));
-  options.consumers = static_cast<int>(plan_.devices.size());
   loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start, options);
 }
 
@@ -114,7 +179,8 @@ nlohmann::json DataPipeline::identity() const {
           {"shards", shards},
           {"block_size", block_size_},
           {"global_batch_size", global_batch_size_},
-          {"seed", seed_}};
+          {"seed", seed_},
+          {"samples", {samples().first, samples().count}}};
 }
 
 nlohmann::json DataPipeline::state(const DataCursor& next) const {
@@ -122,6 +188,7 @@ nlohmann::json DataPipeline::state(const DataCursor& next) const {
   state["epoch"] = next.epoch;
   state["step"] = next.step;
   state["dataset_path"] = dataset_->path().string();  // for the reader; not compared (a dataset may move)
+  state["tokenizer"] = dataset_->index().tokenizer.name;  // for `meshtrain generate` and `score`; not compared
   return state;
 }
 

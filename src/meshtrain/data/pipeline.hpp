@@ -8,6 +8,10 @@
 // steps log `[host_loader]` (once per host) and `[device_loader]` (per device) lines with shapes and placement, and
 // device 0 draws the input batch's sharding picture once. The data state is one cursor plus what identifies the
 // dataset; it does not depend on the mesh, so a run can resume on another mesh or host count (see docs/data.md).
+//
+// An evaluation pipeline (Purpose::evaluation) is the same path over the held-out samples (eval.* keys): the last
+// eval.holdout_fraction of dataset.path's samples, which the training pipeline then leaves out, or every sample of
+// eval.dataset. Its batches come in rounds of eval.batches that are the same every round (one fixed order).
 #pragma once
 
 #include "meshtrain/config/config.hpp"
@@ -37,11 +41,15 @@ struct DeviceBatch {
 
 class DataPipeline {
  public:
+  enum class Purpose { training, evaluation };
+
   // Opens the dataset from the config (dataset.path, block_size, global_batch_size, seed, data.*, debug.*), builds
   // this host's read plan on `mesh` (which must outlive the pipeline), logs the plan and torchprime's
   // `Minibatch dataloading: True|False` line, and starts prefetching global batches from `start` in background
   // threads. UserError on bad input (names the key/file).
-  DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start);
+  // An evaluation pipeline starts at its first batch (`start` must be {0, 0}), logs one line and no debug lines.
+  DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start,
+               Purpose purpose = Purpose::training);
   ~DataPipeline();  // stops the threads cleanly
   DataPipeline(const DataPipeline&) = delete;
   DataPipeline& operator=(const DataPipeline&) = delete;
@@ -53,12 +61,13 @@ class DataPipeline {
 
   int64_t vocab_size() const;  // of the dataset's tokenizer
   std::string tokenizer_fingerprint() const;
-  int64_t num_samples() const;
-  int64_t batches_per_epoch() const;
+  int64_t num_samples() const;  // of the dataset, held-out ones included
+  const SampleRange& samples() const { return sampler_.samples(); }  // the ones this pipeline serves
+  int64_t batches_per_epoch() const;  // for an evaluation pipeline: the batches of one evaluation
 
   // The data state to store in a checkpoint: the cursor of the next batch to train on plus what identifies the
   // dataset and the batch order (tokenizer fingerprint, token count, shard files with counts and CRC-32C,
-  // block_size, global_batch_size, seed).
+  // block_size, global_batch_size, seed, the range of samples trained on).
   nlohmann::json state(const DataCursor& next) const;
   // CRC-32C of what identifies the batches (state() without the cursor), 8 hex digits: equal on every host of a job.
   std::string fingerprint() const;
@@ -84,5 +93,10 @@ class DataPipeline {
   std::vector<int64_t> taken_;  // per local device: how many batches it has taken (each touched by its thread only)
   std::unique_ptr<HostLoader> loader_;
 };
+
+// The sampler of a pipeline over `dataset` (opened from dataset.path, or eval.dataset for an evaluation): training
+// draws from the samples not held out, a new order each epoch; evaluation from the held-out ones (or all of
+// eval.dataset), eval.batches batches in one fixed order. UserError naming the eval.* key that does not fit.
+GlobalSampler sampler_for(const config::Config& config, const TokenDataset& dataset, DataPipeline::Purpose purpose);
 
 }  // namespace meshtrain::data

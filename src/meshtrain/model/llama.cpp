@@ -76,9 +76,9 @@ RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len
   return {angles_TE.cos().to(dtype), angles_TE.sin().to(dtype)};
 }
 
-torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope) {
+torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope, int64_t first_position) {
   const int64_t T = x_BHTE.size(2), half = x_BHTE.size(3) / 2;
-  torch::Tensor cos_TE = rope.cos_TE.narrow(0, 0, T), sin_TE = rope.sin_TE.narrow(0, 0, T);
+  torch::Tensor cos_TE = rope.cos_TE.narrow(0, first_position, T), sin_TE = rope.sin_TE.narrow(0, first_position, T);
   torch::Tensor rotated_BHTE = torch::cat({-x_BHTE.narrow(-1, half, half), x_BHTE.narrow(-1, 0, half)}, -1);
   return x_BHTE * cos_TE + rotated_BHTE * sin_TE;
 }
@@ -93,22 +93,31 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config)
   o_proj = register_module("o_proj", std::make_shared<DenseLinear>(q_width, D));
 }
 
-torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTables& rope) {
+torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTables& rope, LayerKvCache* cache,
+                                      int64_t first_position) {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1), E = head_dim_, G = heads_per_kv_head_;
-  torch::Tensor q_BHTE = apply_rope(q_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2), rope);
-  torch::Tensor k_BKTE = apply_rope(k_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2), rope);
-  torch::Tensor v_BKTE = v_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2);
-  const int64_t H = q_BHTE.size(1), K = k_BKTE.size(1);
+  torch::Tensor q_BHTE = apply_rope(q_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2), rope, first_position);
+  torch::Tensor k_BKSE = apply_rope(k_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2), rope, first_position);
+  torch::Tensor v_BKSE = v_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2);
+  const int64_t H = q_BHTE.size(1), K = k_BKSE.size(1);
   MT_CHECK(H == K * G, "attention: {} local query heads do not match {} key/value heads x {} per group", H, K, G);
+  if (cache) {  // the keys and values of every position so far: S = first_position + T
+    cache->keys_BKCE.narrow(2, first_position, T).copy_(k_BKSE);
+    cache->values_BKCE.narrow(2, first_position, T).copy_(v_BKSE);
+    k_BKSE = cache->keys_BKCE.narrow(2, 0, first_position + T);
+    v_BKSE = cache->values_BKCE.narrow(2, 0, first_position + T);
+  }
+  const int64_t S = k_BKSE.size(2);
 
   // Grouped-query attention without copying K/V per query head: query head h = k*G + g reads key/value head k, so
   // the G query heads of a group are stacked along the row axis of one matmul against their shared K.
   torch::Tensor q_BKRE = q_BHTE.reshape({B, K, G * T, E});  // R = G*T rows: (g, t)
-  torch::Tensor scores_BKRS = torch::matmul(q_BKRE, k_BKTE.transpose(-1, -2)).mul(1.0 / std::sqrt(double(E)));
-  torch::Tensor future_TS = torch::ones({T, T}, torch::kBool).triu(1);
-  torch::Tensor scores_BKGTS = scores_BKRS.view({B, K, G, T, T}).to(torch::kFloat32).masked_fill(future_TS, -INFINITY);
-  torch::Tensor probs_BKRS = torch::softmax(scores_BKGTS, -1).to(x_BTD.scalar_type()).view({B, K, G * T, T});
-  torch::Tensor out_BKRE = torch::matmul(probs_BKRS, v_BKTE);
+  torch::Tensor scores_BKRS = torch::matmul(q_BKRE, k_BKSE.transpose(-1, -2)).mul(1.0 / std::sqrt(double(E)));
+  // Query t sits at position S - T + t and sees keys s <= S - T + t.
+  torch::Tensor future_TS = torch::ones({T, S}, torch::kBool).triu(S - T + 1);
+  torch::Tensor scores_BKGTS = scores_BKRS.view({B, K, G, T, S}).to(torch::kFloat32).masked_fill(future_TS, -INFINITY);
+  torch::Tensor probs_BKRS = torch::softmax(scores_BKGTS, -1).to(x_BTD.scalar_type()).view({B, K, G * T, S});
+  torch::Tensor out_BKRE = torch::matmul(probs_BKRS, v_BKSE);
   torch::Tensor out_BTHE = out_BKRE.view({B, H, T, E}).transpose(1, 2);
   return o_proj->forward(out_BTHE.reshape({B, T, H * E}));
 }
@@ -148,8 +157,9 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config) {
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps));
 }
 
-torch::Tensor LlamaDecoderLayer::forward(const torch::Tensor& x_BTD, const RopeTables& rope) {
-  torch::Tensor h_BTD = x_BTD + self_attn->forward(input_layernorm->forward(x_BTD), rope);
+torch::Tensor LlamaDecoderLayer::forward(const torch::Tensor& x_BTD, const RopeTables& rope, LayerKvCache* cache,
+                                         int64_t first_position) {
+  torch::Tensor h_BTD = x_BTD + self_attn->forward(input_layernorm->forward(x_BTD), rope, cache, first_position);
   return h_BTD + mlp->forward(post_attention_layernorm->forward(h_BTD));
 }
 
@@ -222,6 +232,31 @@ torch::Tensor LlamaForCausalLM::loss_sum(const torch::Tensor& tokens_BT, const t
   const torch::Tensor hidden_BTD = hidden_states(tokens_BT);
   return fused_cross_entropy_sum(hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), head_weight(),
                                  targets_BT.reshape({-1}), cross_entropy_chunk_rows(config_.vocab_size));
+}
+
+KvCache LlamaForCausalLM::new_kv_cache(int64_t batch, int64_t capacity) {
+  MT_USER_CHECK(capacity >= 1 && capacity <= config_.max_position_embeddings,
+                "a sequence of {} positions does not fit the model's max_position_embeddings ({})", capacity,
+                config_.max_position_embeddings);
+  KvCache cache;
+  cache.capacity = capacity;
+  const std::vector<int64_t> shape = {batch, config_.num_key_value_heads, capacity, config_.head_dim};
+  for (size_t i = 0; i < model->layers.size(); ++i)
+    cache.layers.push_back({torch::empty(shape, compute_dtype_), torch::empty(shape, compute_dtype_)});
+  return cache;
+}
+
+torch::Tensor LlamaForCausalLM::next_token_logits(const torch::Tensor& tokens_BT, KvCache& cache) {
+  const int64_t first = cache.length, T = tokens_BT.size(1);
+  MT_USER_CHECK(first + T <= cache.capacity, "{} more tokens after {} overflow the KV cache of {} positions", T, first,
+                cache.capacity);
+  const RopeTables& rope = rope_for(first + T);
+  torch::Tensor x_BTD = embed(tokens_BT);
+  for (size_t i = 0; i < model->layers.size(); ++i)
+    x_BTD = model->layers[i]->forward(x_BTD, rope, &cache.layers[i], first);
+  cache.length += T;
+  const torch::Tensor last_BD = final_norm(x_BTD.select(1, T - 1));
+  return torch::matmul(last_BD, head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
 }
 
 std::vector<std::string> LlamaForCausalLM::linear_names() const {

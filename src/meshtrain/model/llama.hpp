@@ -6,6 +6,7 @@
 //     one for a column- or row-parallel version. Attention infers its local head count from q_proj's output width,
 //     so a q/k/v projection that returns a slice of the heads just works.
 //   * `set_layer_runner` lets the caller run each decoder layer itself (FSDP gathers, activation checkpointing).
+//   * `next_token_logits` decodes with a KV cache (text generation): each new token costs one position.
 //
 // Parameters are kept in fp32; `set_compute_dtype(kBFloat16)` runs the matmuls in bf16 (weights cast on the fly,
 // gradients land in fp32), with RMSNorm statistics, softmax and the logits in fp32.
@@ -84,13 +85,30 @@ struct RopeTables {
 };
 RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len, torch::Dtype dtype);
 
-// x * cos + rotate_half(x) * sin with rotate_half([x1, x2]) = [-x2, x1]; x is [B, heads, T, E].
-torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope);
+// x * cos + rotate_half(x) * sin with rotate_half([x1, x2]) = [-x2, x1]; x is [B, heads, T, E] at positions
+// first_position..first_position + T - 1 (the tables must cover them).
+torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope, int64_t first_position = 0);
+
+// One decoder layer's keys and values of the positions decoded so far, [B, K, capacity, E] each (rotated keys).
+struct LayerKvCache {
+  torch::Tensor keys_BKCE;
+  torch::Tensor values_BKCE;
+};
+
+// Every layer's cache and how many positions it holds (LlamaForCausalLM::new_kv_cache, next_token_logits).
+struct KvCache {
+  std::vector<LayerKvCache> layers;
+  int64_t length = 0;
+  int64_t capacity = 0;
+};
 
 class LlamaAttention : public torch::nn::Module, public LinearOwner {
  public:
   explicit LlamaAttention(const LlamaConfig& config);
-  torch::Tensor forward(const torch::Tensor& x_BTD, const RopeTables& rope);
+  // With a cache, x holds the positions after the cache's first `first_position` ones: their keys and values are
+  // written into the cache and each attends to every position before it, cached ones included.
+  torch::Tensor forward(const torch::Tensor& x_BTD, const RopeTables& rope, LayerKvCache* cache = nullptr,
+                        int64_t first_position = 0);
   std::shared_ptr<Linear>& linear_slot(const std::string& child) override;
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
 
@@ -110,7 +128,8 @@ class LlamaMLP : public torch::nn::Module, public LinearOwner {
 class LlamaDecoderLayer : public torch::nn::Module {
  public:
   explicit LlamaDecoderLayer(const LlamaConfig& config);
-  torch::Tensor forward(const torch::Tensor& x_BTD, const RopeTables& rope);
+  torch::Tensor forward(const torch::Tensor& x_BTD, const RopeTables& rope, LayerKvCache* cache = nullptr,
+                        int64_t first_position = 0);
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
@@ -153,6 +172,13 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   // Sum over tokens of the cross entropy of targets_BT, as an fp32 scalar, without the [B, T, V] logits
   // (model/fused_cross_entropy.hpp): the training loss.
   torch::Tensor loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT);
+
+  // Decoding with a KV cache: an empty cache for `batch` sequences of up to `capacity` positions (at most
+  // max_position_embeddings), then next_token_logits on the prompt and on each new token in turn. It runs the
+  // tokens [B, T] at the positions after the cached ones (appending their keys and values) and returns the fp32
+  // logits [B, V] of the token after the last one. Runs the layers itself (not through a layer runner).
+  KvCache new_kv_cache(int64_t batch, int64_t capacity);
+  torch::Tensor next_token_logits(const torch::Tensor& tokens_BT, KvCache& cache);
 
   // The forward pass in stages, for a caller that gathers each stage's parameters around it (hidden_states =
   // final_norm(run_layers(embed(tokens)))):

@@ -187,11 +187,13 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
                                   : layer.forward(input_BTD, rope);
   if (resharding()) {
     unit.free_full();
-    // Backward runs the layers in reverse: gather this one again, and start the one before it.
-    y_BTD.register_hook([&unit, previous](const at::Tensor&) {
-      unit.gather();
-      if (previous) previous->prefetch();
-    });
+    // Backward runs the layers in reverse: gather this one again, and start the one before it (an evaluation has
+    // no backward).
+    if (y_BTD.requires_grad())
+      y_BTD.register_hook([&unit, previous](const at::Tensor&) {
+        unit.gather();
+        if (previous) previous->prefetch();
+      });
   }
   return y_BTD;
 }
@@ -211,7 +213,8 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
     return HeadLoss::apply(hidden_ND, targets_N, &head_unit, chunk_rows);
   const at::Tensor loss = model::fused_cross_entropy_sum(hidden_ND, head_unit.members().front().param.detach(),
                                                          targets_N, chunk_rows);
-  head_unit.free_full();
+  // No backward follows an evaluation to free what stayed gathered (every unit without resharding, the final norm).
+  for (size_t u = 0; u < num_units(); ++u) unit(u).free_full();
   return loss;
 }
 

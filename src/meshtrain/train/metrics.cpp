@@ -3,6 +3,7 @@
 
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
 
@@ -86,6 +87,10 @@ MetricsLogger::MetricsLogger(const config::Config& config, bool is_writer, doubl
   drop_lines_from_step(path_, first_step_);
   file_.open(path_, std::ios::app);
   MT_USER_CHECK(file_, "cannot open {} for appending", path_.string());
+  if (config.get_bool("metrics.tensorboard")) {
+    events_.emplace(path_.parent_path() / "tensorboard");
+    log::info("TensorBoard: {} (tensorboard --logdir {})", events_->path().string(), path_.parent_path().string());
+  }
 }
 
 MetricsLogger::~MetricsLogger() { clear_progress(); }
@@ -110,6 +115,24 @@ void MetricsLogger::log(const StepMetrics& m) {
   if (progress_bar_) draw_progress(m);
 }
 
+void MetricsLogger::log_eval(const EvalMetrics& m) {
+  MT_USER_CHECK(std::isfinite(m.loss), "step {}: the eval loss is {}", m.step, m.loss);
+  const double perplexity = std::exp(m.loss);
+  clear_progress();
+  log::info("eval at step {}/{}: eval_loss (global mean): {:.4f}, eval_perplexity: {:.2f} ({} held-out tokens in "
+            "{:.2f} s)", m.step, max_steps_, m.loss, perplexity, m.tokens, m.seconds);
+  if (!file_.is_open()) return;
+  const nlohmann::json line = {{"step", m.step},
+                               {"eval_loss", m.loss},
+                               {"eval_perplexity", perplexity},
+                               {"eval_tokens", m.tokens},
+                               {"eval_time_s", m.seconds}};
+  file_ << line.dump() << '\n';
+  file_.flush();
+  MT_USER_CHECK(file_, "cannot write {} (disk full?)", path_.string());
+  if (events_) events_->add_scalars(m.step, {{"eval/eval_loss", m.loss}, {"eval/eval_perplexity", perplexity}});
+}
+
 void MetricsLogger::finish() {
   if (pending_steps_ > 0) write_line(last_);
   clear_progress();
@@ -132,6 +155,7 @@ void MetricsLogger::write_line(const StepMetrics& m) {
             m.epoch, m.step, max_steps_, m.loss, m.grad_norm, m.learning_rate, tokens_per_s, tokens_per_s_per_device,
             peak_known ? fmt::format(", MFU: {:.1f}%", 100 * mfu) : "", 1e3 * step_s, 1e3 * compute_s, 1e3 * comm_s,
             1e3 * data_wait_s, data_wait_percent);
+  const double peak_rss_gb = static_cast<double>(peak_resident_bytes()) / 1e9;
   if (file_.is_open()) {
     nlohmann::json line = {{"step", m.step},
                            {"epoch", m.epoch},
@@ -145,10 +169,25 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                            {"data_wait_s", data_wait_s},
                            {"compute_s", compute_s},
                            {"comm_s", comm_s},
+                           {"peak_rss_gb", peak_rss_gb},
                            {"comm_bytes", m.comm_bytes}};
     file_ << line.dump() << '\n';
     file_.flush();
     MT_USER_CHECK(file_, "cannot write {} (disk full?)", path_.string());
+  }
+  if (events_) {
+    std::vector<std::pair<std::string, double>> scalars = {{"train/loss", m.loss},
+                                                           {"train/grad_norm", m.grad_norm},
+                                                           {"train/lr", m.learning_rate},
+                                                           {"throughput/tokens_per_s", tokens_per_s},
+                                                           {"throughput/tokens_per_s_per_device", tokens_per_s_per_device},
+                                                           {"time/step_time_s", step_s},
+                                                           {"time/data_wait_s", data_wait_s},
+                                                           {"time/compute_s", compute_s},
+                                                           {"time/comm_s", comm_s},
+                                                           {"memory/peak_rss_gb", peak_rss_gb}};
+    if (peak_known) scalars.emplace_back("throughput/mfu", mfu);
+    events_->add_scalars(m.step, scalars);
   }
   pending_steps_ = pending_tokens_ = 0;
   pending_step_s_ = pending_data_wait_s_ = pending_compute_s_ = pending_comm_s_ = 0;

@@ -8,20 +8,27 @@
 // the peak is known. A non-finite loss stops the run with a UserError naming the step (torchprime raises too).
 //
 // metrics.jsonl keys: step, epoch, loss, grad_norm, lr, tokens_per_s, tokens_per_s_per_device, mfu (null when the
-// peak is unknown), step_time_s, data_wait_s, compute_s, comm_s, and comm_bytes: the payload bytes device 0 passed to
+// peak is unknown), step_time_s, data_wait_s, compute_s, comm_s, peak_rss_gb (the host's peak resident memory so
+// far), and comm_bytes: the payload bytes device 0 passed to
 // each kind of collective during the logged step ({"allgather": .., "reduce_scatter": .., "allreduce": ..,
-// "alltoall": .., "broadcast": ..}). Each line is flushed as it is written, so a crash
-// keeps the lines before it; a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a fresh
+// "alltoall": .., "broadcast": ..}). An evaluation adds its own line: step, eval_loss, eval_perplexity, eval_tokens,
+// eval_time_s. Each line is flushed as it is written, so a crash
+// keeps the lines before it; with metrics.tensorboard on, the writer also adds each line's numbers to a TensorBoard
+// event file under <output_dir>/tensorboard (tensorboard/event_writer.hpp) as scalars tagged <group>/<key>: train/
+// (loss, grad_norm, lr), throughput/ (tokens_per_s, tokens_per_s_per_device, mfu when known), time/ (step_time_s,
+// data_wait_s, compute_s, comm_s), memory/peak_rss_gb and eval/ (eval_loss, eval_perplexity); a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a fresh
 // run) first drops the lines for steps >= s (an atomic rewrite), so the file holds one line per step.
 #pragma once
 
 #include "meshtrain/config/config.hpp"
+#include "meshtrain/tensorboard/event_writer.hpp"
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <fstream>
 
@@ -43,6 +50,13 @@ struct StepMetrics {
   std::map<std::string, int64_t> comm_bytes;  // payload bytes per collective kind this step (see above)
 };
 
+struct EvalMetrics {
+  int64_t step = 0;  // the training step the evaluated weights are those after
+  double loss = 0;   // the global mean over every held-out token evaluated (identical on every host)
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
 class MetricsLogger {
  public:
   // One per host. `is_writer` (host 0) writes metrics.jsonl and draws the progress bar; every host logs the lines.
@@ -55,10 +69,14 @@ class MetricsLogger {
 
   // Call once per step, in order. UserError naming the step if the loss is NaN or infinite.
   void log(const StepMetrics& metrics);
+  // Logs an evaluation (every host) and writes its metrics.jsonl line (the writer). UserError if the loss is not finite.
+  void log_eval(const EvalMetrics& metrics);
   // Logs the last step if its line is still due (a run that ended before max_steps), closes the file.
   void finish();
 
   const std::filesystem::path& metrics_path() const { return path_; }
+  // The TensorBoard event file (empty when metrics.tensorboard is off or on hosts other than the writer).
+  std::filesystem::path events_path() const { return events_ ? events_->path() : std::filesystem::path(); }
 
  private:
   void write_line(const StepMetrics& metrics);
@@ -70,6 +88,7 @@ class MetricsLogger {
   int64_t logging_steps_, max_steps_, first_step_;
   std::filesystem::path path_;
   std::ofstream file_;
+  std::optional<tensorboard::EventWriter> events_;
   // Sums over the steps since the last logged line.
   int64_t pending_steps_ = 0, pending_tokens_ = 0;
   double pending_step_s_ = 0, pending_data_wait_s_ = 0, pending_compute_s_ = 0, pending_comm_s_ = 0;

@@ -45,6 +45,7 @@ TrainSettings TrainSettings::from_config(const config::Config& config) {
   s.micro_batches = config.get_int("gradient_accumulation_steps");
   s.save_steps = config.get_int("checkpoint.save_steps");
   s.keep = config.get_int("checkpoint.keep");
+  s.eval_every_steps = config.get_int("eval.every_steps");
   s.max_grad_norm = config.get_float("max_grad_norm");
   s.compute_dtype = compute_dtype_of(config);
   s.parallel.reshard_after_forward = config.get_bool("parallel.reshard_after_forward");
@@ -58,6 +59,8 @@ TrainSettings TrainSettings::from_config(const config::Config& config) {
   s.trajectory = trajectory_config(config);
   s.fault = FaultInjection::from_config(config);
   MT_USER_CHECK(s.max_steps >= 1, "max_steps={}: expected at least 1", s.max_steps);
+  MT_USER_CHECK(s.eval_every_steps >= 0, "eval.every_steps={}: expected 0 (no evaluation) or more",
+                s.eval_every_steps);
   MT_USER_CHECK(s.micro_batches >= 1, "gradient_accumulation_steps={}: expected at least 1", s.micro_batches);
   MT_USER_CHECK(s.block_size <= s.model.max_position_embeddings,
                 "block_size={} is longer than the model's max_position_embeddings ({})", s.block_size,

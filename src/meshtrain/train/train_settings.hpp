@@ -34,6 +34,7 @@ struct TrainSettings {
   int64_t max_steps = 0, global_batch_size = 0, block_size = 0;
   int64_t micro_batches = 1;  // gradient_accumulation_steps
   int64_t save_steps = 0, keep = 0;
+  int64_t eval_every_steps = 0;  // eval.every_steps: 0 = no evaluation
   double max_grad_norm = 0;
   torch::Dtype compute_dtype = torch::kFloat32;
   parallel::ParallelOptions parallel;

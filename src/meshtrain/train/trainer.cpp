@@ -11,6 +11,7 @@
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
+#include "meshtrain/plots/metrics_svg.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
 #include "meshtrain/train/adamw.hpp"
 #include "meshtrain/train/checkpoint_dirs.hpp"
@@ -137,6 +138,14 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   }
   data::DataPipeline pipeline(config, mesh, host, start_cursor);
   if (resume) MT_CHECK(pipeline.check_state(resume->state.data_state) == start_cursor, "the resumed data cursor moved");
+  std::optional<data::DataPipeline> eval_pipeline;
+  if (settings.eval_every_steps > 0) {
+    eval_pipeline.emplace(config, mesh, host, data::DataCursor{}, data::DataPipeline::Purpose::evaluation);
+    MT_USER_CHECK(eval_pipeline->tokenizer_fingerprint() == pipeline.tokenizer_fingerprint(),
+                  "eval.dataset={} was tokenized with {}, the training data with {}: its eval loss would not compare; "
+                  "prepare it with the training data's tokenizer", config.get_string("eval.dataset"),
+                  eval_pipeline->tokenizer_fingerprint(), pipeline.tokenizer_fingerprint());
+  }
   MT_USER_CHECK(model_config.vocab_size >= pipeline.vocab_size(),
                 "the model's vocab_size ({}) is smaller than the vocabulary of the dataset's tokenizer ({}, {}): pick "
                 "a model and dataset that fit (model=llama-tiny with dataset=moby-dick-byte), or widen the model "
@@ -178,7 +187,8 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   const model::SliceSource initial_values =
       checkpoint_weights ? checkpoint_weights->source() : model::initial_value_source(model_config, settings.seed);
 
-  // Shared by the device threads: `settings` (immutable), `pipeline` (its next() is thread-safe), `metrics` (used by
+  // Shared by the device threads: `settings` (immutable), `pipeline` and `eval_pipeline` (their next() is
+  // thread-safe), `metrics` (used by
   // the reporter thread only), `resume` (read only), `checkpoint_weights` (const reads, each a pread).
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) {
     const bool reporter = ctx.info().local == 0;
@@ -196,6 +206,31 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
     if (ctx.device() == 0) log::info("Memory: {}", parallel_model.memory_summary());
     runtime::Comm& batch_comm = ctx.over({Axis::data, Axis::fsdp});
     ctx.report_progress(start_step);
+
+    // The mean loss over one round of held-out batches with the weights after `step`: forward only, on the training
+    // mesh and read plan; the sums all-reduced like the training loss's.
+    auto evaluate = [&](int64_t step) {
+      const Clock::time_point start = Clock::now();
+      const torch::NoGradGuard no_grad;
+      double local_loss_sum = 0, replicas = 1;
+      for (int64_t b = 0; b < eval_pipeline->batches_per_epoch(); ++b) {
+        const data::DeviceBatch batch = eval_pipeline->next(ctx);
+        replicas = static_cast<double>(row_replicas(ctx.mesh(), batch.input_ids.spec()));
+        local_loss_sum += parallel_model
+                              .loss_sum(batch.input_ids.local().to(at::kLong), batch.labels.local().to(at::kLong))
+                              .item<double>();
+      }
+      if (reporter) release_freed_heap_memory();
+      at::Tensor loss = at::tensor({local_loss_sum}, at::kDouble);
+      batch_comm.allreduce_sum(loss);
+      EvalMetrics m;
+      m.step = step;
+      m.tokens = eval_pipeline->batches_per_epoch() * global_tokens;
+      m.loss = loss.item<double>() / replicas / static_cast<double>(m.tokens);
+      m.seconds = seconds_since(start);
+      if (reporter) metrics.log_eval(m);
+      ctx.report_progress(step);
+    };
 
     for (int64_t step = start_step + 1; step <= settings.max_steps; ++step) {
       if (settings.fault.fires(Fault::throw_error, step, ctx.device()))
@@ -251,6 +286,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       for (auto& [kind, bytes] : m.comm_bytes) bytes -= bytes_before.at(kind);
       if (reporter) metrics.log(m);
       ctx.report_progress(step);
+      if (eval_pipeline && (step % settings.eval_every_steps == 0 || step == settings.max_steps)) evaluate(step);
 
       if ((settings.save_steps > 0 && step % settings.save_steps == 0) || step == settings.max_steps) {
         data::DataCursor next = batch.cursor;
@@ -273,6 +309,12 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   });
   log::info("Training finished on host {} at step {}", host, settings.max_steps);
   log_memory_used(host, memory_plan);
+  if (host == 0) {
+    log::info("Plot of the run: {} (`meshtrain plot {}` redraws it)", plots::plot_metrics(settings.output_dir).string(),
+              settings.output_dir.string());
+    if (config.get_bool("metrics.tensorboard"))
+      log::info("TensorBoard: tensorboard --logdir {}", settings.output_dir.string());
+  }
 }
 
 }  // namespace meshtrain::train

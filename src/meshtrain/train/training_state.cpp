@@ -26,7 +26,8 @@ constexpr int kVersion = 1;
 const char* const kNonTrajectoryKeys[] = {
     "defaults",       "output_dir", "run_name", "log_level",          "logging_steps",       "checkpoint.",
     "debug.",         "runtime.",   "metrics.", "data.prefetch_steps", "data.loader_threads", "data.input_sharding",
-    "parallel.",      "ici_mesh.",  "dcn_mesh.", "activation_checkpointing", "memory."};
+    "parallel.",      "ici_mesh.",  "dcn_mesh.", "activation_checkpointing", "memory.",
+    "eval."};  // what evaluation changes in the training data (the held-out split) is in the data state
 
 bool is_trajectory_key(const std::string& key) {
   for (const char* skip : kNonTrajectoryKeys) {

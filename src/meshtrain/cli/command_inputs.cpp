@@ -1,0 +1,60 @@
+// command_inputs.cpp — token-id parsing and a checkpoint's tokenizer.
+#include "meshtrain/cli/command_inputs.hpp"
+
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/train/checkpoint_dirs.hpp"
+#include "meshtrain/train/training_state.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <optional>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::cli {
+
+fs::path resolve_checkpoint_dir(const fs::path& path) {
+  if (fs::exists(path / "config.json")) return path;
+  const std::optional<fs::path> newest = train::newest_complete_checkpoint(path / "checkpoints");
+  MT_USER_CHECK(newest, "{} is neither a checkpoint directory (no config.json) nor a run's output_dir with a complete "
+                "checkpoint under checkpoints/", path.string());
+  return *newest;
+}
+
+std::vector<int64_t> parse_token_ids(const std::string& text, const std::string& option) {
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < text.size();) {
+    if (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == ',') {
+      ++i;
+      continue;
+    }
+    int64_t id = -1;
+    const auto [end, error] = std::from_chars(text.data() + i, text.data() + text.size(), id);
+    const size_t word_end = std::min(text.find_first_of(" ,\n\t", i), text.size());
+    MT_USER_CHECK(error == std::errc() && end == text.data() + word_end && id >= 0,
+                  "{}: '{}' is not a token id (expected \"ID ID ...\")", option, text.substr(i, word_end - i));
+    ids.push_back(id);
+    i = word_end;
+  }
+  return ids;
+}
+
+std::shared_ptr<const tokenizer::Tokenizer> checkpoint_tokenizer(const fs::path& dir,
+                                                                 const std::string& name_or_path) {
+  if (!name_or_path.empty()) return tokenizer::load_tokenizer(name_or_path);
+  if (fs::exists(dir / "tokenizer.json")) return tokenizer::load_tokenizer((dir / "tokenizer.json").string());
+  if (!fs::exists(dir / train::kTrainingStateFile)) return nullptr;
+  const nlohmann::json data = train::read_training_state(dir).data_state;
+  const std::string source = (dir / train::kTrainingStateFile).string();
+  MT_USER_CHECK(data.contains("tokenizer") && data["tokenizer"].is_string() &&
+                    data.contains("tokenizer_fingerprint") && data["tokenizer_fingerprint"].is_string(),
+                "{} does not record its data's tokenizer (data_state.tokenizer); pass --tokenizer", source);
+  const std::string name = data["tokenizer"], fingerprint = data["tokenizer_fingerprint"];
+  std::shared_ptr<const tokenizer::Tokenizer> tok = tokenizer::load_tokenizer(name);
+  MT_USER_CHECK(tok->fingerprint() == fingerprint,
+                "{}: the data was tokenized with {} ({}), but the installed '{}' is {}; pass --tokenizer with the "
+                "data's tokenizer", source, name, fingerprint, name, tok->fingerprint());
+  return tok;
+}
+
+}  // namespace meshtrain::cli
