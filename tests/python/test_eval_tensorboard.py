@@ -18,6 +18,7 @@ import struct
 import tempfile
 import unittest
 
+from test_tokens_cli import crc32c
 from training_runs import train
 
 STEPS = 4
@@ -35,15 +36,6 @@ TAGS = {"train/loss": "loss", "train/grad_norm": "grad_norm", "train/lr": "lr",
         "throughput/mfu": "mfu", "time/step_time_s": "step_time_s", "time/data_wait_s": "data_wait_s",
         "time/compute_s": "compute_s", "time/comm_s": "comm_s", "memory/peak_rss_gb": "peak_rss_gb",
         "eval/eval_loss": "eval_loss", "eval/eval_perplexity": "eval_perplexity"}
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
 
 
 def masked_crc(data):
