@@ -39,6 +39,17 @@ std::vector<int64_t> parse_token_ids(const std::string& text, const std::string&
   return ids;
 }
 
+std::vector<int64_t> prompt_token_ids(const std::string& tokens_text, const std::string& text,
+                                      const std::string& text_option, const tokenizer::Tokenizer* tok,
+                                      const fs::path& dir) {
+  if (!tokens_text.empty()) return parse_token_ids(tokens_text, "--tokens");
+  MT_USER_CHECK(tok, "{} needs a tokenizer: {} has neither a tokenizer.json nor a training_state.json that names one; "
+                "pass --tokenizer", text_option, dir.string());
+  std::vector<int64_t> ids;
+  for (uint32_t id : tok->encode(text)) ids.push_back(id);
+  return ids;
+}
+
 std::shared_ptr<const tokenizer::Tokenizer> checkpoint_tokenizer(const fs::path& dir,
                                                                  const std::string& name_or_path) {
   if (!name_or_path.empty()) return tokenizer::load_tokenizer(name_or_path);

@@ -21,6 +21,13 @@ std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& path);
 // is not a non-negative integer.
 std::vector<int64_t> parse_token_ids(const std::string& text, const std::string& option);
 
+// The prompt a verb was given as token ids: `tokens_text` parsed (--tokens) when not empty, else `text` encoded as is
+// (no BOS) with `tok`. UserError naming `text_option` and the checkpoint `dir` when text needs a tokenizer and `tok`
+// is null.
+std::vector<int64_t> prompt_token_ids(const std::string& tokens_text, const std::string& text,
+                                      const std::string& text_option, const tokenizer::Tokenizer* tok,
+                                      const std::filesystem::path& dir);
+
 // The tokenizer of the checkpoint in `dir`: `name_or_path` when given (--tokenizer); else <dir>/tokenizer.json (a
 // Hugging Face directory); else the one a meshtrain checkpoint records (training_state.json: the tokenizer of the
 // data it was trained on, checked against the recorded fingerprint). nullptr when none of these exists.

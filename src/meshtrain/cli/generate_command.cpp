@@ -61,14 +61,7 @@ int generate_command(int argc, char** argv) {
   checkpoint = resolve_checkpoint_dir(checkpoint).string();
 
   const std::shared_ptr<const tokenizer::Tokenizer> tok = checkpoint_tokenizer(checkpoint, tokenizer_name);
-  std::vector<int64_t> prompt_ids;
-  if (!tokens_text.empty()) {
-    prompt_ids = parse_token_ids(tokens_text, "--tokens");
-  } else {
-    MT_USER_CHECK(tok, "--prompt needs a tokenizer: {} has neither a tokenizer.json nor a training_state.json that "
-                  "names one; pass --tokenizer", checkpoint);
-    for (uint32_t id : tok->encode(prompt)) prompt_ids.push_back(id);
-  }
+  const std::vector<int64_t> prompt_ids = prompt_token_ids(tokens_text, prompt, "--prompt", tok.get(), checkpoint);
 
   model::LlamaForCausalLM llama(model::read_hf_config(checkpoint));
   model::load_hf_checkpoint(checkpoint, llama);

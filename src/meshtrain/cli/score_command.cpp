@@ -48,15 +48,8 @@ int score_command(int argc, char** argv) {
   at::set_num_threads(threads);
   checkpoint = resolve_checkpoint_dir(checkpoint).string();
 
-  std::vector<int64_t> ids;
   const std::shared_ptr<const tokenizer::Tokenizer> tok = checkpoint_tokenizer(checkpoint, tokenizer_name);
-  if (!tokens_text.empty()) {
-    ids = parse_token_ids(tokens_text, "--tokens");
-  } else {
-    MT_USER_CHECK(tok, "--text needs a tokenizer: {} has neither a tokenizer.json nor a training_state.json that "
-                  "names one; pass --tokenizer", checkpoint);
-    for (uint32_t id : tok->encode(text)) ids.push_back(id);
-  }
+  const std::vector<int64_t> ids = prompt_token_ids(tokens_text, text, "--text", tok.get(), checkpoint);
   MT_USER_CHECK(ids.size() >= 2, "scoring needs at least 2 tokens (each is predicted from those before it), got {}",
                 ids.size());
 

@@ -63,15 +63,16 @@ GlobalSampler sampler_for(const config::Config& config, const TokenDataset& data
   MT_USER_CHECK(evaluating(config), "an evaluation pipeline needs eval.every_steps > 0");
   const int64_t batches = config.get_int("eval.batches");
   MT_USER_CHECK(batches >= 1, "eval.batches must be >= 1, got {}", batches);
-  const int64_t held_out = config.get_string("eval.dataset").empty() ? held_out_samples(config, n) : n;
+  const bool from_holdout = config.get_string("eval.dataset").empty();
+  const int64_t held_out = from_holdout ? held_out_samples(config, n) : n;
   MT_USER_CHECK(held_out >= batches * global_batch_size,
                 "eval.batches={} needs {} x {} (global_batch_size) = {} held-out samples, but {} holds out {}{}: lower "
                 "eval.batches{}", batches, batches, global_batch_size, batches * global_batch_size,
                 dataset.path().string(), held_out,
-                config.get_string("eval.dataset").empty()
+                from_holdout
                     ? fmt::format(" (eval.holdout_fraction={} of {})", config.get_float("eval.holdout_fraction"), n)
                     : " (eval.dataset: all of its samples)",
-                config.get_string("eval.dataset").empty() ? " or raise eval.holdout_fraction" : "");
+                from_holdout ? " or raise eval.holdout_fraction" : "");
   // Its own key, so that its order does not follow the training order.
   return GlobalSampler(splitmix64(seed ^ 0x6576616c), SampleRange{n - held_out, held_out}, global_batch_size,
                        /*fixed_order=*/true, batches);
@@ -91,7 +92,6 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
       sampler_(sampler_for(config, *dataset_, purpose)),
       plan_(ReadPlan::make(mesh, global_batch_size_, block_size_, spec_, host)),
       taken_(plan_.devices.size(), 0) {
-  const tokens::ShardIndex& index = dataset_->index();
   HostLoaderOptions options;
   options.prefetch_steps = static_cast<int>(config.get_int("data.prefetch_steps"));
   options.threads = static_cast<int>(config.get_int("data.loader_threads"));
@@ -104,9 +104,14 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
               config.get_string("eval.dataset").empty() ? "held out from training: eval.holdout_fraction" : "eval.dataset",
               sampler_.batches_per_epoch(), global_batch_size_, block_size_);
     options.threads = 1;
-    loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start, options);
-    return;
+  } else {
+    log_training_plan(config, start);
   }
+  loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start, options);
+}
+
+void DataPipeline::log_training_plan(const config::Config& config, DataCursor start) const {
+  const tokens::ShardIndex& index = dataset_->index();
   log::info("Dataset {}: {} tokens in {} shard(s), tokenizer {}; {} samples of {}+1 tokens, {} global batches of {} "
             "per epoch", dataset_->path().string(), index.total_tokens, index.shards.size(),
             index.tokenizer.fingerprint, dataset_->num_samples(), block_size_, sampler_.batches_per_epoch(),
@@ -118,7 +123,6 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
     log::info("Training on samples 0..{}; the last {} are held out for evaluation (eval.holdout_fraction={})",
               samples().count - 1, dataset_->num_samples() - samples().count, config.get_float("eval.holdout_fraction"));
   log::info("Data starts at epoch {} step {}", start.epoch, start.step);
-  loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start, options);
 }
 
 DataPipeline::~DataPipeline() = default;

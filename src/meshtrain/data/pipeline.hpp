@@ -79,6 +79,8 @@ class DataPipeline {
   // What identifies the batches: every field of state() except the cursor.
   nlohmann::json identity() const;
   void log_host_stage(const HostBatch& batch) const;
+  // The training pipeline's start-up lines: the dataset, the minibatch line, the read plan, the held-out split.
+  void log_training_plan(const config::Config& config, DataCursor start) const;
 
   const mesh::Mesh& mesh_;
   int host_;

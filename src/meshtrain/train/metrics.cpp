@@ -122,14 +122,11 @@ void MetricsLogger::log_eval(const EvalMetrics& m) {
   log::info("eval at step {}/{}: eval_loss (global mean): {:.4f}, eval_perplexity: {:.2f} ({} held-out tokens in "
             "{:.2f} s)", m.step, max_steps_, m.loss, perplexity, m.tokens, m.seconds);
   if (!file_.is_open()) return;
-  const nlohmann::json line = {{"step", m.step},
-                               {"eval_loss", m.loss},
-                               {"eval_perplexity", perplexity},
-                               {"eval_tokens", m.tokens},
-                               {"eval_time_s", m.seconds}};
-  file_ << line.dump() << '\n';
-  file_.flush();
-  MT_USER_CHECK(file_, "cannot write {} (disk full?)", path_.string());
+  append_json_line({{"step", m.step},
+                    {"eval_loss", m.loss},
+                    {"eval_perplexity", perplexity},
+                    {"eval_tokens", m.tokens},
+                    {"eval_time_s", m.seconds}});
   if (events_) events_->add_scalars(m.step, {{"eval/eval_loss", m.loss}, {"eval/eval_perplexity", perplexity}});
 }
 
@@ -171,9 +168,7 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                            {"comm_s", comm_s},
                            {"peak_rss_gb", peak_rss_gb},
                            {"comm_bytes", m.comm_bytes}};
-    file_ << line.dump() << '\n';
-    file_.flush();
-    MT_USER_CHECK(file_, "cannot write {} (disk full?)", path_.string());
+    append_json_line(line);
   }
   if (events_) {
     std::vector<std::pair<std::string, double>> scalars = {{"train/loss", m.loss},
@@ -191,6 +186,12 @@ void MetricsLogger::write_line(const StepMetrics& m) {
   }
   pending_steps_ = pending_tokens_ = 0;
   pending_step_s_ = pending_data_wait_s_ = pending_compute_s_ = pending_comm_s_ = 0;
+}
+
+void MetricsLogger::append_json_line(const nlohmann::json& line) {
+  file_ << line.dump() << '\n';
+  file_.flush();
+  MT_USER_CHECK(file_, "cannot write {} (disk full?)", path_.string());
 }
 
 void MetricsLogger::draw_progress(const StepMetrics& m) {

@@ -9,20 +9,23 @@
 //
 // metrics.jsonl keys: step, epoch, loss, grad_norm, lr, tokens_per_s, tokens_per_s_per_device, mfu (null when the
 // peak is unknown), step_time_s, data_wait_s, compute_s, comm_s, peak_rss_gb (the host's peak resident memory so
-// far), and comm_bytes: the payload bytes device 0 passed to
-// each kind of collective during the logged step ({"allgather": .., "reduce_scatter": .., "allreduce": ..,
-// "alltoall": .., "broadcast": ..}). An evaluation adds its own line: step, eval_loss, eval_perplexity, eval_tokens,
-// eval_time_s. Each line is flushed as it is written, so a crash
-// keeps the lines before it; with metrics.tensorboard on, the writer also adds each line's numbers to a TensorBoard
-// event file under <output_dir>/tensorboard (tensorboard/event_writer.hpp) as scalars tagged <group>/<key>: train/
-// (loss, grad_norm, lr), throughput/ (tokens_per_s, tokens_per_s_per_device, mfu when known), time/ (step_time_s,
-// data_wait_s, compute_s, comm_s), memory/peak_rss_gb and eval/ (eval_loss, eval_perplexity); a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a fresh
-// run) first drops the lines for steps >= s (an atomic rewrite), so the file holds one line per step.
+// far), and comm_bytes: the payload bytes device 0 passed to each kind of collective during the logged step
+// ({"allgather": .., "reduce_scatter": .., "allreduce": .., "alltoall": .., "broadcast": ..}). An evaluation adds its
+// own line: step, eval_loss, eval_perplexity, eval_tokens, eval_time_s. Each line is flushed as it is written, so a
+// crash keeps the lines before it; a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a
+// fresh run) first drops the lines for steps >= s (an atomic rewrite), so the file holds one line per step (and one
+// per evaluation).
+//
+// With metrics.tensorboard on, the writer also adds each line's numbers to a TensorBoard event file under
+// <output_dir>/tensorboard (tensorboard/event_writer.hpp) as scalars tagged <group>/<key>: train/ (loss, grad_norm,
+// lr), throughput/ (tokens_per_s, tokens_per_s_per_device, mfu when known), time/ (step_time_s, data_wait_s,
+// compute_s, comm_s), memory/peak_rss_gb and eval/ (eval_loss, eval_perplexity).
 #pragma once
 
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/tensorboard/event_writer.hpp"
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -75,11 +78,10 @@ class MetricsLogger {
   void finish();
 
   const std::filesystem::path& metrics_path() const { return path_; }
-  // The TensorBoard event file (empty when metrics.tensorboard is off or on hosts other than the writer).
-  std::filesystem::path events_path() const { return events_ ? events_->path() : std::filesystem::path(); }
 
  private:
   void write_line(const StepMetrics& metrics);
+  void append_json_line(const nlohmann::json& line);  // to metrics.jsonl, flushed
   void draw_progress(const StepMetrics& metrics);
   void clear_progress();
 

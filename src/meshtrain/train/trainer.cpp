@@ -188,8 +188,8 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       checkpoint_weights ? checkpoint_weights->source() : model::initial_value_source(model_config, settings.seed);
 
   // Shared by the device threads: `settings` (immutable), `pipeline` and `eval_pipeline` (their next() is
-  // thread-safe), `metrics` (used by
-  // the reporter thread only), `resume` (read only), `checkpoint_weights` (const reads, each a pread).
+  // thread-safe), `metrics` (used by the reporter thread only), `resume` (read only), `checkpoint_weights` (const
+  // reads, each a pread).
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) {
     const bool reporter = ctx.info().local == 0;
     // Built without parameter storage: ParallelModel gives each parameter only this device's pieces.
