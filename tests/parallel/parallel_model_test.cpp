@@ -1,7 +1,8 @@
 // parallel_model_test.cpp — the parallel model against the single-device model on simulated meshes (one thread per
 // device, real Gloo groups): same loss, same full gradient, same gradient norm, for FSDP (resharded after forward
-// or kept), data parallel, the hybrid, tensor parallel and their combinations; tensor-parallel linears alone; and
-// the checkpoint helpers (full tensors out, shards back in on another mesh).
+// or kept), data parallel, the hybrid, tensor parallel and their combinations, and a Mixtral's expert parallelism
+// with each of them (its loss with the load-balancing loss's gradient); and the checkpoint helpers (full tensors out,
+// shards back in on another mesh, experts included).
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
@@ -24,7 +25,7 @@ using testing::run_on_all_devices;
 
 constexpr int64_t kRows = 8, kSeq = 12;
 
-model::LlamaConfig tiny_config(bool tied = false) {
+model::LlamaConfig tiny_config(bool tied = false, bool moe = false) {
   model::LlamaConfig c;
   c.vocab_size = 40;
   c.hidden_size = 32;
@@ -35,22 +36,28 @@ model::LlamaConfig tiny_config(bool tied = false) {
   c.head_dim = 8;
   c.rope_theta = 10000;
   c.tie_word_embeddings = tied;
+  if (moe) {  // a large coefficient, so that a wrong load-balancing gradient shows in every router's gradient
+    c.num_local_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.router_aux_loss_coef = 0.5;
+  }
   return c;
 }
 
 constexpr uint64_t kSeed = 7;
 
 // The whole model, initialized on one device.
-std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false) {
-  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_config(tied));
+std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe = false) {
+  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe));
   model::initialize_parameters(*m, kSeed);
   return m;
 }
 
 // A device's model on a mesh: built unwritten, each device initializing only its pieces.
-ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options = {}, bool tied = false) {
-  return ParallelModel(std::make_shared<model::LlamaForCausalLM>(tiny_config(tied)), ctx, options,
-                       model::initial_value_source(tiny_config(tied), kSeed));
+ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options = {}, bool tied = false,
+                            bool moe = false) {
+  return ParallelModel(std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe)), ctx, options,
+                       model::initial_value_source(tiny_config(tied, moe), kSeed));
 }
 
 // Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others). Ends with a barrier over the
@@ -85,8 +92,9 @@ struct Reference {
   std::map<std::string, at::Tensor> grads;
 };
 
-Reference single_device_reference(bool tied) {
-  auto m = fresh_model(tied);
+// The single-device loss and gradients (a Mixtral's with its load-balancing loss's, as Hugging Face trains it).
+Reference single_device_reference(bool tied, bool moe) {
+  auto m = fresh_model(tied, moe);
   const at::Tensor t = tokens_BT();
   at::Tensor loss = scaled_loss(m->forward(t.narrow(1, 0, kSeq)), t.narrow(1, 1, kSeq), 1);
   loss.backward();
@@ -101,14 +109,18 @@ Reference single_device_reference(bool tied) {
   return ref;
 }
 
-// One forward/backward of the parallel model on `mesh` (batch rows over (data, fsdp)); checks loss, every full
-// gradient and the norm against the single-device run.
-void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false) {
-  const Reference ref = single_device_reference(tied);
+// One forward/backward of the parallel model on `mesh` (batch rows over (data, fsdp, expert)); checks loss, every
+// full gradient and the norm against the single-device run.
+void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool moe = false,
+                   int checkpoint_every = 0) {
+  const Reference ref = single_device_reference(tied, moe);
   std::mutex mutex;
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm = sharded_model(ctx, ParallelOptions{reshard}, tied);
-    const std::vector<Axis> batch_axes{Axis::data, Axis::fsdp};
+    ParallelOptions options;
+    options.reshard_after_forward = reshard;
+    options.checkpoint_every = checkpoint_every;
+    ParallelModel pm = sharded_model(ctx, options, tied, moe);
+    const std::vector<Axis> batch_axes{Axis::data, Axis::fsdp, Axis::expert};
     const int parts = mesh.size_along(batch_axes), part = mesh.index_along(ctx.device(), batch_axes);
     const at::Tensor rows = tokens_BT().chunk(parts, 0)[part];
     const at::Tensor inputs = rows.narrow(1, 0, kSeq), targets = rows.narrow(1, 1, kSeq);
@@ -117,7 +129,7 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false) {
     pm.finish_backward();
     pm.synchronize_gradients();
     at::Tensor global_loss = loss.detach().clone().reshape({1});
-    ctx.over(batch_axes).allreduce_sum(global_loss);
+    pm.batch_comm().allreduce_sum(global_loss);
     const double norm = pm.gradient_norm();
     std::map<std::string, at::Tensor> grads = whole_tensors_on_device_0(ctx, pm, pm.gradient_shards());
     std::lock_guard<std::mutex> lock(mutex);
@@ -136,9 +148,9 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false) {
   }));
 }
 
-mesh::Mesh ici(int data, int fsdp, int tensor, int hosts = 1) {
-  const int devices = data * fsdp * tensor;
-  return mesh::Mesh::create(axis_sizes(data, fsdp, tensor, 1), axis_sizes(1, 1, 1, 1), hosts, devices / hosts);
+mesh::Mesh ici(int data, int fsdp, int tensor, int hosts = 1, int expert = 1) {
+  const int devices = data * fsdp * tensor * expert;
+  return mesh::Mesh::create(axis_sizes(data, fsdp, tensor, expert), axis_sizes(1, 1, 1, 1), hosts, devices / hosts);
 }
 
 TEST(ParallelModelTest, OneDeviceMatchesTheModelWithoutCommunication) {
@@ -225,10 +237,58 @@ TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
   EXPECT_LT(total_sent, model_bytes);
 }
 
-TEST(ParallelModelTest, ExpertAxisIsRefusedWithTheReason) {
+TEST(ParallelModelTest, MixtralOnOneDeviceMatchesTheModel) { expect_parity(ici(1, 1, 1), true, false, true); }
+TEST(ParallelModelTest, ExpertParallelMatchesOneDevice) { expect_parity(ici(1, 1, 1, 1, 2), true, false, true); }
+TEST(ParallelModelTest, OneExpertPerDeviceMatchesOneDevice) {
+  expect_parity(ici(1, 1, 1, 2, 4), true, false, true);
+}
+TEST(ParallelModelTest, ExpertWithFsdpMatchesOneDevice) { expect_parity(ici(1, 2, 1, 2, 2), true, false, true); }
+TEST(ParallelModelTest, ExpertWithDataMatchesOneDevice) { expect_parity(ici(2, 1, 1, 2, 2), false, false, true); }
+TEST(ParallelModelTest, ExpertWithTensorMatchesOneDevice) { expect_parity(ici(1, 1, 2, 2, 2), true, false, true); }
+TEST(ParallelModelTest, ExpertWithFsdpAndCheckpointingMatchesOneDevice) {
+  expect_parity(ici(1, 2, 1, 2, 2), true, false, true, /*checkpoint_every=*/1);
+}
+
+TEST(ParallelModelTest, ExpertsSavedOnOneLayoutLoadOnAnother) {
+  // Whole tensors out of expert=2 x fsdp=2 (perturbed), shards back in on expert=4, then out again.
+  std::map<std::string, at::Tensor> saved, reassembled;
+  std::mutex mutex;
+  expect_no_failures(run_on_all_devices(ici(1, 2, 1, 1, 2), [&](runtime::DeviceContext& ctx) {
+    ParallelModel pm = sharded_model(ctx, {}, false, true);
+    for (at::Tensor& s : pm.parameter_shards()) s.mul_(1.5);
+    std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(ctx, pm, pm.parameter_shards());
+    std::lock_guard<std::mutex> lock(mutex);
+    if (ctx.device() == 0) saved = whole;
+  }));
+  auto expected = fresh_model(false, true);
+  ASSERT_EQ(saved.size(), expected->named_parameters().size());
+  for (const auto& p : expected->named_parameters()) {
+    ASSERT_TRUE(saved.count(p.key())) << p.key();
+    EXPECT_TRUE(at::allclose(saved[p.key()], p.value() * 1.5)) << p.key();
+  }
+  expect_no_failures(run_on_all_devices(ici(1, 1, 1, 1, 4), [&](runtime::DeviceContext& ctx) {
+    ParallelModel pm = sharded_model(ctx, {}, false, true);
+    std::vector<at::Tensor> shards = pm.parameter_shards();
+    pm.load_shards(shards, model::slices_of_whole_tensors([&](const std::string& name) { return saved.at(name); }));
+    pm.assemble_whole_tensors(pm.parameter_shards(), [](size_t i) { return static_cast<int>(i % 4); },
+                              [&](size_t, const std::string& name, const at::Tensor& whole) {
+                                std::lock_guard<std::mutex> lock(mutex);
+                                reassembled[name] = whole;
+                              });
+    ctx.world().barrier();
+  }));
+  ASSERT_EQ(reassembled.size(), saved.size());
+  for (const auto& [name, whole] : saved) EXPECT_TRUE(at::equal(reassembled.at(name), whole)) << name;
+}
+
+TEST(ParallelModelTest, ExpertAxisNeedsExpertsThatSplit) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 1, 1, 2), axis_sizes(1, 1, 1, 1), 1, 2);
-  const auto failures = run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) { sharded_model(ctx); });
-  for (const std::string& f : failures) EXPECT_NE(f.find("no experts"), std::string::npos) << f;
+  const auto dense = run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) { sharded_model(ctx); });
+  for (const std::string& f : dense) EXPECT_NE(f.find("a dense Llama has no experts"), std::string::npos) << f;
+  const mesh::Mesh three = mesh::Mesh::create(axis_sizes(1, 1, 1, 3), axis_sizes(1, 1, 1, 1), 1, 3);
+  const auto uneven = run_on_all_devices(three, [&](runtime::DeviceContext& ctx) { sharded_model(ctx, {}, false, true); });
+  for (const std::string& f : uneven)
+    EXPECT_NE(f.find("num_local_experts (4) to be a multiple of 3"), std::string::npos) << f;
 }
 
 TEST(ParallelModelTest, TensorParallelNeedsDivisibleHeads) {

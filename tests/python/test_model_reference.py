@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""test_model_reference.py — the C++ Llama against an independent Python reference, in float64.
+"""test_model_reference.py — the C++ Llama and Mixtral against an independent Python reference, in float64.
 
-For each case (multi-head, grouped-query, Llama-3.1 RoPE scaling, tied embeddings) this writes a Hugging Face-style
+For each case (multi-head, grouped-query, Llama-3.1 RoPE scaling, tied embeddings, Mixtral top-2 of 4 and top-1 of
+3 experts) this writes a Hugging Face-style
 checkpoint by hand (config.json + model.safetensors, no safetensors package), runs
 `meshtrain score --checkpoint DIR --tokens ... --json --dump-reference OUT`, and compares the C++ fp32 logits, loss,
-per-token log-probs and every parameter gradient with the reference computed here in float64.
+per-token log-probs and every parameter gradient with the reference computed here in float64. A Mixtral's reference
+follows Hugging Face's MixtralSparseMoeBlock (softmax router in float, top-k, weights renormalized, one-hot expert
+masks) and load_balancing_loss_func over every layer's router logits; its loss is the cross entropy plus
+router_aux_loss_coef x aux_loss, so the router gradients check the load-balancing gradient too.
 
 Tolerances (C++ computes in fp32, the reference in fp64): |cpp - ref| <= 1e-5 + 2e-4 * max|ref| per tensor, which
 fp32 rounding stays well inside at these sizes while a wrong sign, head order, RoPE pairing or scaling breaks it
@@ -100,12 +104,50 @@ def rmsnorm(x, w, eps):
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def reference_logits(cfg, p, tokens):
+def mixtral_block(cfg, p, pre, h, router_logits):
+    """Hugging Face's MixtralSparseMoeBlock on h [B, T, D]; appends the router logits [B*T, E]."""
+    B, T, D = h.shape
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    x = h.reshape(-1, D)
+    logits = x @ p[pre + "block_sparse_moe.gate.weight"].T
+    router_logits.append(logits)
+    weights = torch.softmax(logits, dim=1)
+    weights, selected = torch.topk(weights, k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    mask = torch.nn.functional.one_hot(selected, num_classes=E).permute(2, 1, 0)  # [E, k, N]
+    for e in range(E):
+        slot, token = torch.where(mask[e])
+        if token.numel() == 0:
+            continue
+        xe = x[token]
+        w = lambda name: p[pre + f"block_sparse_moe.experts.{e}.{name}.weight"]
+        a = xe @ w("w1").T
+        ye = ((a * torch.sigmoid(a)) * (xe @ w("w3").T)) @ w("w2").T
+        out = out.index_add(0, token, ye * weights[token, slot, None])
+    return out.view(B, T, D)
+
+
+def load_balancing_loss(cfg, router_logits):
+    """Hugging Face's load_balancing_loss_func without an attention mask."""
+    E, k = cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    logits = torch.cat(router_logits, dim=0)
+    weights = torch.softmax(logits, dim=-1)
+    _, selected = torch.topk(weights, k, dim=-1)
+    mask = torch.nn.functional.one_hot(selected, E).double()
+    tokens_per_expert = mask.mean(dim=0)
+    prob_per_expert = weights.mean(dim=0)
+    return (tokens_per_expert * prob_per_expert[None]).sum() * E
+
+
+def reference_forward(cfg, p, tokens):
+    """(logits, aux_loss or None) of tokens [B, T] under params p."""
     B, T = tokens.shape
     H, K, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     inv_freq = llama3_inv_freq(cfg)
     x = p["model.embed_tokens.weight"][tokens]
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    router_logits = []
     for i in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{i}."
         h = rmsnorm(x, p[pre + "input_layernorm.weight"], cfg["rms_norm_eps"])
@@ -121,11 +163,18 @@ def reference_logits(cfg, p, tokens):
         attn = torch.cat(heads, dim=-1)
         x = x + attn @ p[pre + "self_attn.o_proj.weight"].T
         h = rmsnorm(x, p[pre + "post_attention_layernorm.weight"], cfg["rms_norm_eps"])
-        gate, up = h @ p[pre + "mlp.gate_proj.weight"].T, h @ p[pre + "mlp.up_proj.weight"].T
-        x = x + (gate * torch.sigmoid(gate) * up) @ p[pre + "mlp.down_proj.weight"].T
+        if cfg.get("model_type") == "mixtral":
+            x = x + mixtral_block(cfg, p, pre, h, router_logits)
+        else:
+            gate, up = h @ p[pre + "mlp.gate_proj.weight"].T, h @ p[pre + "mlp.up_proj.weight"].T
+            x = x + (gate * torch.sigmoid(gate) * up) @ p[pre + "mlp.down_proj.weight"].T
     x = rmsnorm(x, p["model.norm.weight"], cfg["rms_norm_eps"])
     head = p["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else p["lm_head.weight"]
-    return x @ head.T
+    return x @ head.T, (load_balancing_loss(cfg, router_logits) if router_logits else None)
+
+
+def reference_logits(cfg, p, tokens):
+    return reference_forward(cfg, p, tokens)[0]
 
 
 def make_params(cfg, seed):
@@ -143,9 +192,16 @@ def make_params(cfg, seed):
         p[pre + "self_attn.k_proj.weight"] = w(Hk, D, scale=D ** -0.5)
         p[pre + "self_attn.v_proj.weight"] = w(Hk, D, scale=D ** -0.5)
         p[pre + "self_attn.o_proj.weight"] = w(D, Hq, scale=Hq ** -0.5)
-        p[pre + "mlp.gate_proj.weight"] = w(F, D, scale=D ** -0.5)
-        p[pre + "mlp.up_proj.weight"] = w(F, D, scale=D ** -0.5)
-        p[pre + "mlp.down_proj.weight"] = w(D, F, scale=F ** -0.5)
+        if cfg.get("model_type") == "mixtral":
+            p[pre + "block_sparse_moe.gate.weight"] = w(cfg["num_local_experts"], D, scale=D ** -0.5)
+            for e in range(cfg["num_local_experts"]):
+                p[pre + f"block_sparse_moe.experts.{e}.w1.weight"] = w(F, D, scale=D ** -0.5)
+                p[pre + f"block_sparse_moe.experts.{e}.w3.weight"] = w(F, D, scale=D ** -0.5)
+                p[pre + f"block_sparse_moe.experts.{e}.w2.weight"] = w(D, F, scale=F ** -0.5)
+        else:
+            p[pre + "mlp.gate_proj.weight"] = w(F, D, scale=D ** -0.5)
+            p[pre + "mlp.up_proj.weight"] = w(F, D, scale=D ** -0.5)
+            p[pre + "mlp.down_proj.weight"] = w(D, F, scale=F ** -0.5)
         p[pre + "input_layernorm.weight"] = 1 + w(D, scale=0.2)
         p[pre + "post_attention_layernorm.weight"] = 1 + w(D, scale=0.2)
     p["model.norm.weight"] = 1 + w(D, scale=0.2)
@@ -174,6 +230,11 @@ CASES = {
     "gqa_llama31_rope": base_config(num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
                                     rope_scaling=LLAMA31_SCALING),
     "tied_mqa": base_config(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True),
+    "mixtral_top2_of_4": base_config(model_type="mixtral", architectures=["MixtralForCausalLM"], num_key_value_heads=2,
+                                     rope_theta=1e6, num_local_experts=4, num_experts_per_tok=2,
+                                     router_aux_loss_coef=0.02, intermediate_size=96),
+    "mixtral_top1_of_3": base_config(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=3,
+                                     num_experts_per_tok=1, router_aux_loss_coef=0.5, intermediate_size=64),
 }
 
 
@@ -197,10 +258,10 @@ def run_case(testcase, cfg, seed, seq_len=48):
 
     ref_params = {k: v.double().requires_grad_(True) for k, v in params.items()}
     inputs, targets = tokens[None, :-1], tokens[None, 1:]
-    logits = reference_logits(cfg, ref_params, inputs)
+    logits, aux_loss = reference_forward(cfg, ref_params, inputs)
     logprobs = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[0, :, 0]
     loss = -logprobs.mean()
-    loss.backward()
+    (loss + cfg["router_aux_loss_coef"] * aux_loss if aux_loss is not None else loss).backward()
 
     def close(name, got, want):
         err = (got.double() - want.detach()).abs().max().item()
@@ -211,6 +272,11 @@ def run_case(testcase, cfg, seed, seq_len=48):
     worst = close("logits", cpp["logits"], logits)
     close("loss", cpp["loss"], loss)
     close("logprobs", cpp["logprobs"], logprobs)
+    if aux_loss is not None:
+        close("aux_loss", cpp["aux_loss"], aux_loss)
+        testcase.assertAlmostEqual(printed["aux_loss"], aux_loss.item(), delta=ABS_TOL + REL_TOL * aux_loss.item())
+    else:
+        testcase.assertNotIn("aux_loss", printed)
     testcase.assertAlmostEqual(printed["loss"], loss.item(), delta=ABS_TOL + REL_TOL * abs(loss.item()))
     testcase.assertEqual(len(printed["logprobs"]), seq_len - 1)
     close("printed logprobs", torch.tensor(printed["logprobs"]), logprobs)
@@ -244,7 +310,7 @@ class ModelReferenceTest(unittest.TestCase):
 
     def test_generate_greedy_on_hugging_face_directories(self):
         """`meshtrain generate` (KV cache, fp32) on hand-written HF directories: the reference's greedy tokens."""
-        for name in ("gqa_llama31_rope", "tied_mqa"):
+        for name in ("gqa_llama31_rope", "tied_mqa", "mixtral_top2_of_4"):
             with self.subTest(case=name):
                 cfg = CASES[name]
                 params = make_params(cfg, 21)

@@ -52,7 +52,7 @@ StepPlan step_plan(const config::Config& config, const mesh::Mesh& mesh, int64_t
   const data::TokenDataset dataset(data::TokenDataset::resolve(config.get_string("dataset.path")), block_size,
                                    tokens::PayloadCheck::never);
   const data::GlobalSampler sampler = data::sampler_for(config, dataset, data::DataPipeline::Purpose::training);
-  const sharding::PartitionSpec spec = data::input_sharding(config);
+  const sharding::PartitionSpec spec = data::input_sharding(config, mesh);
   StepPlan plan;
   plan.batches_per_epoch = sampler.batches_per_epoch();
   plan.cursor = {global_step / plan.batches_per_epoch, global_step % plan.batches_per_epoch};
@@ -188,7 +188,7 @@ int plan_command(int argc, char** argv) {
     const sharding::PictureOptions picture{sharding::wants_color(STDOUT_FILENO)};
     std::cout << "\n"
               << sharding::render_input_batch(mesh, config.get_int("global_batch_size"), config.get_int("block_size"),
-                                              picture, data::input_sharding(config));
+                                              picture, data::input_sharding(config, mesh));
     MT_USER_CHECK(!shape_text.empty() || spec_text.empty(), "--spec needs --shape (the tensor it partitions)");
     if (!shape_text.empty()) {
       const sharding::Shape shape = sharding::parse_shape(shape_text);

@@ -1,13 +1,17 @@
 // score_command.cpp — `meshtrain score`: per-token log-probabilities and the mean next-token loss of a text or token
 // sequence under a Hugging Face-format checkpoint. logprobs[i] = log p(token i+1 | tokens 0..i).
 //
-// A hidden option, --dump-reference FILE, also backpropagates the mean loss and writes the logits, log-probs, loss
-// and every parameter's gradient ("grad.<name>") to a safetensors file: the Python reference tests read it.
+// A Mixtral also reports Hugging Face's aux_loss (the load-balancing loss of model/moe.hpp over the sequence).
+//
+// A hidden option, --dump-reference FILE, also backpropagates the mean loss (plus router_aux_loss_coef x aux_loss for
+// a Mixtral, as Hugging Face's MixtralForCausalLM does) and writes the logits, log-probs, loss, aux_loss and every
+// parameter's gradient ("grad.<name>") to a safetensors file: the Python reference tests read it.
 #include "meshtrain/cli/command_inputs.hpp"
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
+#include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/safetensors.hpp"
 #include "meshtrain/tokenizer/tokenizer.hpp"
 
@@ -66,11 +70,14 @@ int score_command(int argc, char** argv) {
   torch::Tensor logits_BTV = llama.forward(inputs_BT);
   torch::Tensor loss = model::token_cross_entropy(logits_BTV, targets_BT);
   torch::Tensor logprobs_T = model::target_logprobs(logits_BTV, targets_BT).squeeze(0).detach();
+  const model::RouterStats* router = llama.router_stats().get();
+  const std::optional<double> aux_loss = router ? std::optional<double>(router->aux_loss()) : std::nullopt;
 
   if (!dump_path.empty()) {
     loss.backward();
     std::vector<std::pair<std::string, torch::Tensor>> tensors = {
         {"logits", logits_BTV.detach()}, {"loss", loss.detach()}, {"logprobs", logprobs_T}};
+    if (aux_loss) tensors.emplace_back("aux_loss", torch::tensor(*aux_loss, torch::kFloat64));
     for (const auto& p : llama.named_parameters()) tensors.emplace_back("grad." + p.key(), p.value().grad());
     AtomicFileWriter writer(dump_path);
     model::write_safetensors(writer, tensors);
@@ -80,7 +87,9 @@ int score_command(int argc, char** argv) {
   const double mean_loss = loss.item<double>();
   std::vector<double> logprobs(logprobs_T.data_ptr<float>(), logprobs_T.data_ptr<float>() + logprobs_T.numel());
   if (as_json) {
-    std::cout << nlohmann::json{{"loss", mean_loss}, {"logprobs", logprobs}}.dump() << "\n";
+    nlohmann::json printed = {{"loss", mean_loss}, {"logprobs", logprobs}};
+    if (aux_loss) printed["aux_loss"] = *aux_loss;
+    std::cout << printed.dump() << "\n";
     return 0;
   }
   std::cout << fmt::format("{:>6}  {:>8}  {:>10}  {}\n", "pos", "token", "logprob", tok ? "text" : "");
@@ -93,6 +102,8 @@ int score_command(int argc, char** argv) {
   }
   std::cout << fmt::format("mean loss {:.6f} (perplexity {:.4f}) over {} predicted tokens\n", mean_loss,
                            std::exp(mean_loss), logprobs.size());
+  if (aux_loss) std::cout << fmt::format("load-balancing aux_loss {:.6f} (router_aux_loss_coef {})\n", *aux_loss,
+                                         llama.config().router_aux_loss_coef);
   return 0;
 }
 

@@ -3,17 +3,26 @@
 
 #include "meshtrain/common/error.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 namespace meshtrain::data {
 
-sharding::PartitionSpec input_sharding(const config::Config& config) {
+sharding::PartitionSpec input_sharding(const config::Config& config, const mesh::Mesh& mesh) {
   const std::string text = config.get_string("data.input_sharding");
+  sharding::PartitionSpec spec;
   try {
-    return sharding::PartitionSpec::parse(text);
+    spec = sharding::PartitionSpec::parse(text);
   } catch (const UserError& e) {
     throw UserError(fmt::format("data.input_sharding=\"{}\": {}", text, e.what()));
   }
+  auto names_expert = [](const std::vector<mesh::Axis>& axes) {
+    return std::find(axes.begin(), axes.end(), mesh::Axis::expert) != axes.end();
+  };
+  if (mesh.size(mesh::Axis::expert) > 1 && !spec.dims.empty() &&
+      std::none_of(spec.dims.begin(), spec.dims.end(), names_expert))
+    spec.dims[0].push_back(mesh::Axis::expert);
+  return spec;
 }
 
 std::vector<int64_t> DeviceRows::rows() const {

@@ -17,8 +17,9 @@
 
 namespace meshtrain::data {
 
-// The spec of the input batch from data.input_sharding (a parse error names the key).
-sharding::PartitionSpec input_sharding(const config::Config& config);
+// The spec of the input batch from data.input_sharding (a parse error names the key) on `mesh`: with expert > 1 and
+// a spec that leaves expert out, the rows are split over expert too (after the axes the spec names).
+sharding::PartitionSpec input_sharding(const config::Config& config, const mesh::Mesh& mesh);
 
 // The rows [begin, begin + count) of the global batch that one device holds; they sit at `local_begin` in its host's
 // host-local batch.

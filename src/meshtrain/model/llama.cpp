@@ -5,6 +5,7 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
+#include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 
 #include <cmath>
@@ -149,9 +150,12 @@ std::shared_ptr<Linear>& LlamaMLP::linear_slot(const std::string& child) {
   return down_proj;
 }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config) {
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const std::shared_ptr<RouterStats>& router_stats) {
   self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(config));
-  mlp = register_module("mlp", std::make_shared<LlamaMLP>(config));
+  if (config.is_moe())
+    block_sparse_moe = register_module("block_sparse_moe", std::make_shared<MixtralSparseMoe>(config, router_stats));
+  else
+    mlp = register_module("mlp", std::make_shared<LlamaMLP>(config));
   input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps));
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps));
@@ -160,14 +164,15 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config) {
 torch::Tensor LlamaDecoderLayer::forward(const torch::Tensor& x_BTD, const RopeTables& rope, LayerKvCache* cache,
                                          int64_t first_position) {
   torch::Tensor h_BTD = x_BTD + self_attn->forward(input_layernorm->forward(x_BTD), rope, cache, first_position);
-  return h_BTD + mlp->forward(post_attention_layernorm->forward(h_BTD));
+  const torch::Tensor normed_BTD = post_attention_layernorm->forward(h_BTD);
+  return h_BTD + (mlp ? mlp->forward(normed_BTD) : block_sparse_moe->forward(normed_BTD));
 }
 
-LlamaModel::LlamaModel(const LlamaConfig& config) {
+LlamaModel::LlamaModel(const LlamaConfig& config, const std::shared_ptr<RouterStats>& router_stats) {
   embed_tokens = register_module("embed_tokens", std::make_shared<Embedding>(config.vocab_size, config.hidden_size));
   layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    layers.push_back(std::make_shared<LlamaDecoderLayer>(config));
+    layers.push_back(std::make_shared<LlamaDecoderLayer>(config, router_stats));
     layer_list->push_back(layers.back());
   }
   norm = register_module("norm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps));
@@ -175,7 +180,10 @@ LlamaModel::LlamaModel(const LlamaConfig& config) {
 
 LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& config) : config_(config) {
   config_.validate("model config");
-  model = register_module("model", std::make_shared<LlamaModel>(config_));
+  if (config_.is_moe())
+    router_stats_ = std::make_shared<RouterStats>(config_.num_local_experts, config_.num_experts_per_tok,
+                                                  config_.router_aux_loss_coef);
+  model = register_module("model", std::make_shared<LlamaModel>(config_, router_stats_));
   if (!config_.tie_word_embeddings)
     lm_head = register_module("lm_head", std::make_shared<DenseLinear>(config_.hidden_size, config_.vocab_size));
   inverse_frequencies_ = rope_inverse_frequencies(config_);
@@ -201,6 +209,7 @@ torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT) {
   MT_USER_CHECK(tokens_BT.size(1) <= config_.max_position_embeddings,
                 "sequence of {} tokens exceeds max_position_embeddings {}", tokens_BT.size(1),
                 config_.max_position_embeddings);
+  if (router_stats_) router_stats_->begin_forward();
   return model->embed_tokens->forward(tokens_BT).to(compute_dtype_);
 }
 
@@ -217,7 +226,9 @@ torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD) {
 torch::Tensor LlamaForCausalLM::final_norm(const torch::Tensor& x_BTD) { return model->norm->forward(x_BTD); }
 
 torch::Tensor LlamaForCausalLM::hidden_states(const torch::Tensor& tokens_BT) {
-  return final_norm(run_layers(embed(tokens_BT)));
+  torch::Tensor hidden_BTD = final_norm(run_layers(embed(tokens_BT)));
+  if (router_stats_) router_stats_->close([](at::Tensor&) {});  // this device's tokens are the whole batch
+  return hidden_BTD;
 }
 
 torch::Tensor LlamaForCausalLM::head_weight() {
@@ -264,7 +275,8 @@ std::vector<std::string> LlamaForCausalLM::linear_names() const {
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     const std::string layer = "model.layers." + std::to_string(i);
     for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) names.push_back(layer + ".self_attn." + p);
-    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) names.push_back(layer + ".mlp." + p);
+    if (!config_.is_moe())
+      for (const char* p : {"gate_proj", "up_proj", "down_proj"}) names.push_back(layer + ".mlp." + p);
   }
   if (lm_head) names.push_back("lm_head");
   return names;

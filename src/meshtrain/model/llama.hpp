@@ -125,14 +125,19 @@ class LlamaMLP : public torch::nn::Module, public LinearOwner {
   std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
 };
 
+class MixtralSparseMoe;
+class RouterStats;
+
+// A Llama decoder layer; a Mixtral one (config.is_moe()) has block_sparse_moe (model/moe.hpp) instead of mlp.
 class LlamaDecoderLayer : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayer(const LlamaConfig& config);
+  LlamaDecoderLayer(const LlamaConfig& config, const std::shared_ptr<RouterStats>& router_stats);
   torch::Tensor forward(const torch::Tensor& x_BTD, const RopeTables& rope, LayerKvCache* cache = nullptr,
                         int64_t first_position = 0);
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
-  std::shared_ptr<LlamaMLP> mlp;
+  std::shared_ptr<LlamaMLP> mlp;                        // null in a Mixtral layer
+  std::shared_ptr<MixtralSparseMoe> block_sparse_moe;  // null in a Llama layer
 };
 
 // Runs layer `index` on x (the default calls layer.forward(x, rope)).
@@ -150,7 +155,7 @@ class Embedding : public torch::nn::Module {
 // HF's LlamaModel: embedding, decoder layers, final norm (registered as "model" in LlamaForCausalLM).
 class LlamaModel : public torch::nn::Module {
  public:
-  explicit LlamaModel(const LlamaConfig& config);
+  LlamaModel(const LlamaConfig& config, const std::shared_ptr<RouterStats>& router_stats);
   std::shared_ptr<Embedding> embed_tokens;
   std::vector<std::shared_ptr<LlamaDecoderLayer>> layers;  // the children of layer_list, typed
   torch::nn::ModuleList layer_list{nullptr};              // registered as "layers": names "layers.<i>"
@@ -190,8 +195,12 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   void set_compute_dtype(torch::Dtype dtype);  // kFloat32 (default) or kBFloat16
   torch::Dtype compute_dtype() const { return compute_dtype_; }
   void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
+  // A Mixtral's routing of the current forward pass (null for a dense Llama): embed() starts it, hidden_states()
+  // closes it on this device alone; a parallelizer that runs the stages itself closes it over the batch.
+  const std::shared_ptr<RouterStats>& router_stats() const { return router_stats_; }
 
-  // HF names of every projection, e.g. "model.layers.3.self_attn.q_proj", "lm_head" (absent when tied).
+  // HF names of every projection, e.g. "model.layers.3.self_attn.q_proj", "lm_head" (absent when tied); a Mixtral's
+  // experts are not among them (MixtralSparseMoe shards them itself).
   std::vector<std::string> linear_names() const;
   std::shared_ptr<Linear> linear(const std::string& name);
   // Replaces the projection `name` (module and parameter names follow: "<name>.weight" if the new one has a weight).
@@ -205,6 +214,7 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   const RopeTables& rope_for(int64_t seq_len);
 
   LlamaConfig config_;
+  std::shared_ptr<RouterStats> router_stats_;
   torch::Dtype compute_dtype_ = torch::kFloat32;
   LayerRunner layer_runner_;
   torch::Tensor inverse_frequencies_;

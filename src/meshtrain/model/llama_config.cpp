@@ -68,6 +68,11 @@ LlamaConfig LlamaConfig::from_run_config(const config::Config& config) {
     s.original_max_position_embeddings = config.get_int("model.rope_scaling.original_max_position_embeddings");
     c.rope_scaling = s;
   }
+  if (present(config, "model.num_local_experts")) c.num_local_experts = config.get_int("model.num_local_experts");
+  if (present(config, "model.num_experts_per_tok"))
+    c.num_experts_per_tok = config.get_int("model.num_experts_per_tok");
+  if (present(config, "model.router_aux_loss_coef"))
+    c.router_aux_loss_coef = config.get_float("model.router_aux_loss_coef");
   if (c.head_dim == 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
   c.validate("config key model");
   return c;
@@ -76,7 +81,8 @@ LlamaConfig LlamaConfig::from_run_config(const config::Config& config) {
 LlamaConfig LlamaConfig::from_hf_json(const nlohmann::json& json, const std::string& source) {
   MT_USER_CHECK(json.is_object(), "{}: expected a JSON object", source);
   std::string model_type = json_or<std::string>(json, "model_type", "llama", source);
-  MT_USER_CHECK(model_type == "llama", "{}: model_type is '{}'; only 'llama' is supported", source, model_type);
+  MT_USER_CHECK(model_type == "llama" || model_type == "mixtral",
+                "{}: model_type is '{}'; only 'llama' and 'mixtral' are supported", source, model_type);
   MT_USER_CHECK(!json_or<bool>(json, "attention_bias", false, source), "{}: attention_bias=true is not supported",
                 source);
   MT_USER_CHECK(!json_or<bool>(json, "mlp_bias", false, source), "{}: mlp_bias=true is not supported", source);
@@ -99,6 +105,16 @@ LlamaConfig LlamaConfig::from_hf_json(const nlohmann::json& json, const std::str
   c.initializer_range = json_or<double>(json, "initializer_range", c.initializer_range, source);
   c.bos_token_id = token_id(json, "bos_token_id", source);
   c.eos_token_id = token_id(json, "eos_token_id", source);
+  if (model_type == "mixtral") {
+    c.num_local_experts = json_required<int64_t>(json, "num_local_experts", source);
+    c.num_experts_per_tok = json_or<int64_t>(json, "num_experts_per_tok", c.num_experts_per_tok, source);
+    c.router_aux_loss_coef = json_or<double>(json, "router_aux_loss_coef", 0.001, source);  // HF's default
+    MT_USER_CHECK(json.value("sliding_window", nlohmann::json()).is_null(),
+                  "{}: sliding_window={} is not supported (attention is over the whole sequence); set it to null",
+                  source, json.value("sliding_window", nlohmann::json()).dump());
+    MT_USER_CHECK(json_or<double>(json, "router_jitter_noise", 0.0, source) == 0.0,
+                  "{}: router_jitter_noise must be 0 (meshtrain's routing is deterministic)", source);
+  }
   if (auto it = json.find("rope_scaling"); it != json.end() && !it->is_null()) {
     // Older files call the type "type"; both spellings name the same thing.
     std::string type = json_or<std::string>(*it, "rope_type", json_or<std::string>(*it, "type", "", source), source);
@@ -139,6 +155,16 @@ nlohmann::json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
       {"attention_dropout", 0.0},
       {"torch_dtype", torch_dtype},
   };
+  if (is_moe()) {
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    j["num_local_experts"] = num_local_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = false;
+    j["router_jitter_noise"] = 0.0;
+    j["sliding_window"] = nullptr;
+  }
   if (rope_scaling) {
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", rope_scaling->factor},
@@ -164,6 +190,15 @@ void LlamaConfig::validate(const std::string& source) const {
   MT_USER_CHECK(head_dim > 0 && head_dim % 2 == 0, "{}: head_dim must be even and positive, got {}", source, head_dim);
   MT_USER_CHECK(rms_norm_eps > 0, "{}: rms_norm_eps must be positive, got {}", source, rms_norm_eps);
   MT_USER_CHECK(rope_theta > 0, "{}: rope_theta must be positive, got {}", source, rope_theta);
+  MT_USER_CHECK(num_local_experts >= 0, "{}: num_local_experts must be 0 (a dense Llama) or positive, got {}", source,
+                num_local_experts);
+  if (is_moe()) {
+    MT_USER_CHECK(num_experts_per_tok >= 1 && num_experts_per_tok <= num_local_experts,
+                  "{}: num_experts_per_tok must be between 1 and num_local_experts ({}), got {}", source,
+                  num_local_experts, num_experts_per_tok);
+    MT_USER_CHECK(router_aux_loss_coef >= 0, "{}: router_aux_loss_coef must be >= 0, got {}", source,
+                  router_aux_loss_coef);
+  }
   if (rope_scaling) {
     MT_USER_CHECK(rope_scaling->factor > 0, "{}: rope_scaling.factor must be positive", source);
     MT_USER_CHECK(rope_scaling->high_freq_factor > rope_scaling->low_freq_factor,
@@ -176,20 +211,30 @@ void LlamaConfig::validate(const std::string& source) const {
 
 int64_t LlamaConfig::embedding_parameter_count() const { return vocab_size * hidden_size; }
 
-int64_t LlamaConfig::parameter_count() const {
-  const int64_t q_out = num_attention_heads * head_dim, kv_out = num_key_value_heads * head_dim;
-  const int64_t attention = hidden_size * q_out + 2 * hidden_size * kv_out + q_out * hidden_size;
-  const int64_t mlp = 3 * hidden_size * intermediate_size;
-  const int64_t norms = 2 * hidden_size;
-  const int64_t head = tie_word_embeddings ? 0 : vocab_size * hidden_size;
-  return embedding_parameter_count() + num_hidden_layers * (attention + mlp + norms) + hidden_size + head;
+namespace {
+
+// Every parameter when each layer's MLP counts `experts_counted` experts (and the router, for a Mixtral).
+int64_t parameters_with(const LlamaConfig& c, int64_t experts_counted) {
+  const int64_t q_out = c.num_attention_heads * c.head_dim, kv_out = c.num_key_value_heads * c.head_dim;
+  const int64_t attention = c.hidden_size * q_out + 2 * c.hidden_size * kv_out + q_out * c.hidden_size;
+  const int64_t expert = 3 * c.hidden_size * c.intermediate_size;
+  const int64_t mlp = c.is_moe() ? experts_counted * expert + c.num_local_experts * c.hidden_size : expert;
+  const int64_t norms = 2 * c.hidden_size;
+  const int64_t head = c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size;
+  return c.embedding_parameter_count() + c.num_hidden_layers * (attention + mlp + norms) + c.hidden_size + head;
 }
+
+}  // namespace
+
+int64_t LlamaConfig::parameter_count() const { return parameters_with(*this, num_local_experts); }
+
+int64_t LlamaConfig::active_parameter_count() const { return parameters_with(*this, num_experts_per_tok); }
 
 double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
   const int64_t norms = (2 * num_hidden_layers + 1) * hidden_size;
   // With tied embeddings the table is still multiplied once, by the output head.
   const int64_t matmul_params =
-      parameter_count() - norms - (tie_word_embeddings ? 0 : embedding_parameter_count());
+      active_parameter_count() - norms - (tie_word_embeddings ? 0 : embedding_parameter_count());
   return 6.0 * static_cast<double>(matmul_params) +
          12.0 * static_cast<double>(num_hidden_layers * num_attention_heads * head_dim * seq_len);
 }

@@ -1,6 +1,7 @@
 // llama_config.hpp — the Llama-3 architecture hyperparameters (Hugging Face LlamaConfig field names), read from the
 // config tree (`model.*`, configs/model/<name>.yaml) or from a checkpoint's config.json, and the parameter and FLOP
-// counts derived from them without allocating anything.
+// counts derived from them without allocating anything. With num_local_experts > 0 it is a Mixtral (Hugging Face
+// MixtralConfig, model_type "mixtral"): every MLP is a sparse mixture of that many SwiGLU experts (model/moe.hpp).
 #pragma once
 
 #include "meshtrain/config/config.hpp"
@@ -37,6 +38,13 @@ struct LlamaConfig {
   double initializer_range = 0.02;
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 0;
+  // Mixture of experts (Mixtral): 0 experts is a dense Llama. Each token goes to num_experts_per_tok experts; the
+  // load-balancing loss times router_aux_loss_coef is added to the training objective.
+  int64_t num_local_experts = 0;
+  int64_t num_experts_per_tok = 2;
+  double router_aux_loss_coef = 0.02;
+
+  bool is_moe() const { return num_local_experts > 0; }
 
   // Reads the `model` subtree of a run config (the keys of configs/model/<name>.yaml). Validates.
   static LlamaConfig from_run_config(const config::Config& config);
@@ -51,10 +59,12 @@ struct LlamaConfig {
 
   // Every parameter, counted from the shapes (tied embeddings counted once), as the published counts do.
   int64_t parameter_count() const;
+  // The parameters one token passes through: every expert counts num_experts_per_tok times of num_local_experts.
+  int64_t active_parameter_count() const;
   // The parameters of the token embedding table (excluded from the matmul FLOP count).
   int64_t embedding_parameter_count() const;
-  // Training FLOPs per token for sequences of `seq_len` tokens (forward + backward = 3x forward): 6 x the matmul
-  // parameters (all but the embedding table and the norms) plus 12 x layers x heads x head_dim x seq_len for the
+  // Training FLOPs per token for sequences of `seq_len` tokens (forward + backward = 3x forward): 6 x the active
+  // matmul parameters (all but the embedding table and the norms; k of E experts) plus 12 x layers x heads x head_dim x seq_len for the
   // attention scores and values (PaLM / MaxText convention, causal mask not discounted).
   double training_flops_per_token(int64_t seq_len) const;
 };

@@ -3,6 +3,10 @@
 //   copy_to_group(x)      forward: x (every rank already holds all of it)    backward: all-reduce sum of the gradient
 //   reduce_from_group(x)  forward: all-reduce sum of the partial x           backward: the gradient as it is
 //
+//   all_to_all_rows(x, send_rows, receive_rows)
+//                         forward: rank r gets send_rows[r] rows of x (in rank order), every rank's rows for this
+//                         one arrive in rank order; backward: the gradients go back the same way (counts swapped)
+//
 // A column-parallel linear starts with copy_to_group (its input is replicated, each rank's gradient with respect
 // to it is partial); a row-parallel linear ends with reduce_from_group (each rank's output is a partial sum).
 // The Comm must outlive the autograd graph (it does: it lives in the device's context for the whole run).
@@ -12,9 +16,16 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace meshtrain::parallel {
 
 at::Tensor copy_to_group(const at::Tensor& x, runtime::Comm& comm);
 at::Tensor reduce_from_group(const at::Tensor& x, runtime::Comm& comm);
+// The all-to-all of variable sizes (expert parallelism): x [sum(send_rows), ...] holds send_rows[r] rows for rank r,
+// rank by rank; the result [sum(receive_rows), ...] holds receive_rows[s] rows from rank s, rank by rank. Every rank
+// must pass the counts its peers pass for it (exchange them first); any count may be 0.
+at::Tensor all_to_all_rows(const at::Tensor& x, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& receive_rows, runtime::Comm& comm);
 
 }  // namespace meshtrain::parallel

@@ -3,10 +3,13 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
+#include "meshtrain/model/moe.hpp"
+#include "meshtrain/parallel/expert_parallel.hpp"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -91,9 +94,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
 // would leave them with a transport error instead of the reason.
 std::shared_ptr<model::LlamaForCausalLM> checked_for_mesh(std::shared_ptr<model::LlamaForCausalLM> model,
                                                            const mesh::Mesh& mesh) {
-  MT_USER_CHECK(mesh.size(mesh::Axis::expert) == 1,
-                "the mesh has expert={} but Llama models have no experts to place; set ici_mesh.expert=1 and "
-                "dcn_mesh.expert=1", mesh.size(mesh::Axis::expert));
+  check_expert_parallel(model->config(), mesh.size(mesh::Axis::expert));
   check_tensor_parallel(model->config(), mesh.size(mesh::Axis::tensor));
   return model;
 }
@@ -128,12 +129,19 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
       options_(options),
       fsdp_comm_(ctx.over(mesh::Axis::fsdp)),
       tensor_comm_(ctx.over(mesh::Axis::tensor)),
-      data_comm_(ctx.over(mesh::Axis::data)) {
+      data_comm_(ctx.over(mesh::Axis::data)),
+      expert_comm_(ctx.over(mesh::Axis::expert)),
+      dense_gradient_comm_(expert_comm_.size() > 1 ? ctx.over({mesh::Axis::data, mesh::Axis::expert}) : data_comm_),
+      batch_comm_(expert_comm_.size() > 1 ? ctx.over({mesh::Axis::data, mesh::Axis::fsdp, mesh::Axis::expert})
+                                          : ctx.over({mesh::Axis::data, mesh::Axis::fsdp})) {
   apply_tensor_parallel(*model_, tensor_comm_);
+  apply_expert_parallel(*model_, expert_comm_);
+  for (const auto& layer : model_->model->layers)
+    if (layer->block_sparse_moe) layer->block_sparse_moe->set_capacity_factor(options_.capacity_factor);
 
   const int64_t num_layers = model_->config().num_hidden_layers;
   std::vector<FsdpUnit::Parameter> embedding_params, final_norm_params, lm_head_params;
-  std::vector<std::vector<FsdpUnit::Parameter>> layer_params(num_layers);
+  std::vector<std::vector<FsdpUnit::Parameter>> layer_params(num_layers), expert_params(num_layers);
   const std::string layer_prefix = "model.layers.";
   for (const auto& named : model_->named_parameters()) {
     const std::string& name = named.key();
@@ -142,7 +150,9 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
     FsdpUnit::Parameter p{name, named.value(),
                           tensor_block_slice(name, whole, split, tensor_comm_.rank(), tensor_comm_.size())};
     if (name.compare(0, layer_prefix.size(), layer_prefix) == 0)
-      layer_params.at(std::stoll(name.substr(layer_prefix.size()))).push_back(std::move(p));
+      (expert_of_parameter(name) >= 0 ? expert_params : layer_params)
+          .at(std::stoll(name.substr(layer_prefix.size())))
+          .push_back(std::move(p));
     else if (name == "model.embed_tokens.weight")
       embedding_params.push_back(std::move(p));
     else if (name == "model.norm.weight")
@@ -158,6 +168,26 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
     layers_.push_back(make_unit(layer_prefix + std::to_string(i), layer_params[i]));
   final_norm_ = make_unit("final_norm", final_norm_params);
   if (!lm_head_params.empty()) lm_head_ = make_unit("lm_head", lm_head_params);
+  if (model_->config().is_moe())
+    for (int64_t i = 0; i < num_layers; ++i)
+      expert_units_.push_back(make_unit(layer_prefix + std::to_string(i) + ".experts", expert_params[i]));
+  // The whole model's parameters: the units' members, and for each expert unit the experts of every device (the
+  // member at the same place among the local ones has the same shape and offset on the expert's holder).
+  for (size_t u = 0; u < num_dense_units(); ++u)
+    for (size_t k = 0; k < unit(u).members().size(); ++k)
+      whole_parameters_.push_back({unit(u).members()[k].name, unit(u).members()[k].block.full_shape, u, k, 0});
+  const int64_t num_experts = model_->config().num_local_experts, experts_here = num_experts / expert_comm_.size();
+  for (size_t i = 0; i < expert_units_.size(); ++i) {
+    const std::vector<FsdpUnit::Member>& members = expert_units_[i]->members();
+    const size_t per_expert = members.size() / static_cast<size_t>(experts_here);
+    for (int64_t e = 0; e < num_experts; ++e)
+      for (size_t k = 0; k < per_expert; ++k) {
+        const size_t member = static_cast<size_t>(e % experts_here) * per_expert + k;
+        whole_parameters_.push_back({with_expert_index(members[member].name, e), members[member].block.full_shape,
+                                     num_dense_units() + i, member,
+                                     expert_holder(e, num_experts, expert_comm_.size())});
+      }
+  }
   MT_CHECK(head().members().size() == 1, "the head unit holds {} parameters, expected the head's weight alone",
            head().members().size());
   model_->set_layer_runner([this](int64_t index, model::LlamaDecoderLayer& layer, const torch::Tensor& x_BTD,
@@ -170,15 +200,21 @@ bool ParallelModel::resharding() const { return options_.reshard_after_forward &
 
 at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
                                     const model::RopeTables& rope) {
-  FsdpUnit& unit = *layers_[index];
-  FsdpUnit* next = index + 1 < static_cast<int64_t>(layers_.size()) ? layers_[index + 1].get() : nullptr;
-  FsdpUnit* previous = index > 0 ? layers_[index - 1].get() : nullptr;
-  const at::Tensor input_BTD = GradientBoundary::apply(x_BTD, &unit);
-  unit.gather();
-  // The next unit's all-gather overlaps this layer's forward.
-  if (next) {
-    next->prefetch();
-  } else {
+  // The layer's units: its own parameters, and a Mixtral's experts on this device.
+  auto units_of = [this](int64_t i) {
+    std::vector<FsdpUnit*> units;
+    if (i < 0 || i >= static_cast<int64_t>(layers_.size())) return units;
+    units.push_back(layers_[i].get());
+    if (!expert_units_.empty()) units.push_back(expert_units_[i].get());
+    return units;
+  };
+  const std::vector<FsdpUnit*> units = units_of(index), next = units_of(index + 1), previous = units_of(index - 1);
+  at::Tensor input_BTD = x_BTD;
+  for (FsdpUnit* unit : units) input_BTD = GradientBoundary::apply(input_BTD, unit);
+  for (FsdpUnit* unit : units) unit->gather();
+  // The next units' all-gathers overlap this layer's forward.
+  for (FsdpUnit* unit : next) unit->prefetch();
+  if (next.empty()) {
     final_norm_->prefetch();
     head().prefetch();
   }
@@ -186,13 +222,13 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope.cos_TE, rope.sin_TE)
                                   : layer.forward(input_BTD, rope);
   if (resharding()) {
-    unit.free_full();
+    for (FsdpUnit* unit : units) unit->free_full();
     // Backward runs the layers in reverse: gather this one again, and start the one before it (an evaluation has
     // no backward).
     if (y_BTD.requires_grad())
-      y_BTD.register_hook([&unit, previous](const at::Tensor&) {
-        unit.gather();
-        if (previous) previous->prefetch();
+      y_BTD.register_hook([units, previous](const at::Tensor&) {
+        for (FsdpUnit* unit : units) unit->gather();
+        for (FsdpUnit* unit : previous) unit->prefetch();
       });
   }
   return y_BTD;
@@ -203,6 +239,8 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   at::Tensor x_BTD = model_->embed(tokens_BT);
   if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
   x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD), final_norm_.get());
+  if (model::RouterStats* stats = model_->router_stats().get())
+    stats->close([this](at::Tensor& sums) { batch_comm_.allreduce_sum(sums); });
   final_norm_->gather();
   const at::Tensor hidden_BTD = model_->final_norm(x_BTD);
   const at::Tensor hidden_ND = hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), targets_N = targets_BT.reshape({-1});
@@ -221,31 +259,46 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
 void ParallelModel::finish_backward() { embedding_->reduce_gradients_from_params(); }
 
 void ParallelModel::synchronize_gradients() {
-  if (data_comm_.size() == 1) return;
-  std::vector<at::Tensor> grads = gradient_shards();
-  at::Tensor flat = at::cat(grads);
-  data_comm_.allreduce_sum(flat);
-  int64_t offset = 0;
-  for (at::Tensor& g : grads) {
-    g.copy_(flat.narrow(0, offset, g.numel()));
-    offset += g.numel();
+  // The units [first, last) summed over `comm` in one all-reduce.
+  auto sum_over = [this](size_t first, size_t last, runtime::Comm& comm) {
+    if (comm.size() == 1 || first == last) return;
+    std::vector<at::Tensor> grads;
+    for (size_t u = first; u < last; ++u) grads.push_back(unit(u).grad_shard());
+    at::Tensor flat = at::cat(grads);
+    comm.allreduce_sum(flat);
+    int64_t offset = 0;
+    for (at::Tensor& g : grads) {
+      g.copy_(flat.narrow(0, offset, g.numel()));
+      offset += g.numel();
+    }
+  };
+  // Experts differ over `expert`: their replicas are over `data` only.
+  if (dense_gradient_comm_.size() == data_comm_.size()) {
+    sum_over(0, num_units(), data_comm_);
+  } else {
+    sum_over(0, num_dense_units(), dense_gradient_comm_);
+    sum_over(num_dense_units(), num_units(), data_comm_);
   }
 }
 
 double ParallelModel::gradient_norm() {
-  double split_sum = 0, replicated_sum = 0;
-  auto add = [&](const FsdpUnit& unit) {
-    auto [split, replicated] = unit.grad_square_sums();
-    split_sum += split;
-    replicated_sum += replicated;
-  };
-  for (size_t u = 0; u < num_units(); ++u) add(unit(u));
-  // Shards differ over fsdp; tensor blocks differ over tensor, replicated parameters do not; data holds replicas.
-  at::Tensor sums = at::tensor({split_sum, replicated_sum}, at::kDouble);
+  // [tensor-split, replicated over tensor] square sums of the non-expert units, then of the expert units.
+  std::array<double, 4> square_sums{};
+  for (size_t u = 0; u < num_units(); ++u) {
+    auto [split, replicated] = unit(u).grad_square_sums();
+    const size_t at = u < num_dense_units() ? 0 : 2;
+    square_sums[at] += split;
+    square_sums[at + 1] += replicated;
+  }
+  // Shards differ over fsdp; experts differ over expert; tensor blocks differ over tensor, replicated parameters do
+  // not; data (and, outside the experts, expert) holds replicas.
+  at::Tensor sums = at::tensor(std::vector<double>(square_sums.begin(), square_sums.end()), at::kDouble);
   fsdp_comm_.allreduce_sum(sums);
-  at::Tensor split = sums.narrow(0, 0, 1).clone();
+  at::Tensor experts = sums.narrow(0, 2, 2).clone();
+  expert_comm_.allreduce_sum(experts);
+  at::Tensor split = (sums.narrow(0, 0, 1) + experts.narrow(0, 0, 1)).clone();
   tensor_comm_.allreduce_sum(split);
-  return std::sqrt(split.item<double>() + sums[1].item<double>());
+  return std::sqrt(split.item<double>() + sums[1].item<double>() + experts[1].item<double>());
 }
 
 void ParallelModel::zero_gradients() {
@@ -255,6 +308,7 @@ void ParallelModel::zero_gradients() {
 const FsdpUnit& ParallelModel::unit(size_t u) const {
   if (u == 0) return *embedding_;
   if (u <= layers_.size()) return *layers_[u - 1];
+  if (u >= num_dense_units()) return *expert_units_.at(u - num_dense_units());
   return u == layers_.size() + 1 ? *final_norm_ : *lm_head_;
 }
 
@@ -274,9 +328,7 @@ std::vector<at::Tensor> ParallelModel::gradient_shards() {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::whole_parameter_shapes() const {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  for (size_t u = 0; u < num_units(); ++u)
-    for (const FsdpUnit::Member& m : unit(u).members())
-      shapes.emplace_back(m.name, m.block.full_shape);
+  for (const WholeParameter& p : whole_parameters_) shapes.emplace_back(p.name, p.shape);
   return shapes;
 }
 
@@ -288,59 +340,62 @@ void ParallelModel::assemble_whole_tensors(
   const mesh::Mesh& mesh = ctx_.mesh();
   const std::vector<mesh::Axis> all_axes(mesh::kAllAxes.begin(), mesh::kAllAxes.end());
   const int fsdp_size = fsdp_comm_.size(), tensor_size = tensor_comm_.size();
-  // The world rank of the device of data replica 0 at (fsdp f, tensor t): it holds shard f of tensor block t.
+  // The world rank of the device of data replica 0 at (fsdp f, tensor t, expert x): it holds shard f of tensor block
+  // t (of expert x's experts, for an expert's parameter).
   mesh::Coords coords = ctx_.info().coords;
   for (mesh::Axis a : {mesh::Axis::data, mesh::Axis::expert}) coords[static_cast<int>(a)] = 0;
-  auto holder = [&](int f, int t) {
+  auto holder = [&](int f, int t, int x) {
     mesh::Coords c = coords;
     c[static_cast<int>(mesh::Axis::fsdp)] = f;
     c[static_cast<int>(mesh::Axis::tensor)] = t;
+    c[static_cast<int>(mesh::Axis::expert)] = x;
     return mesh.index_along(mesh.device_at(c), all_axes);
   };
   const int me = world.rank();
 
-  size_t index = 0;
   for (size_t u = 0; u < shard_buffers.size(); ++u) {
-    const FsdpUnit& this_unit = unit(u);
-    const int64_t shard_numel = this_unit.padded_numel() / fsdp_size;
+    const int64_t shard_numel = unit(u).padded_numel() / fsdp_size;
     MT_CHECK(shard_buffers[u].numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}",
-             this_unit.label(), shard_buffers[u].numel(), shard_numel);
-    for (const FsdpUnit::Member& m : this_unit.members()) {
-      const int dest = owner(index);
-      // The piece of this member in shard f of tensor block t.
-      auto piece = [&](int f, int t) {
-        return this_unit.piece_in_shard(m, f, tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size));
-      };
-      std::vector<std::pair<int, at::Tensor>> sends, receives;
-      std::vector<std::pair<model::ParameterSlice, at::Tensor>> pieces;  // on the owner
-      for (int f = 0; f < fsdp_size; ++f)
-        for (int t = 0; t < tensor_size; ++t) {
-          const auto p = piece(f, t);
-          if (!p) continue;
-          const int source = holder(f, t);
-          if (source == me) {
-            const at::Tensor mine = shard_buffers[u].narrow(0, p->offset_in_shard, p->slice.numel()).contiguous();
-            if (dest == me)
-              pieces.emplace_back(p->slice, mine);
-            else
-              sends.emplace_back(dest, mine);
-          } else if (dest == me) {
-            at::Tensor buffer = at::empty({p->slice.numel()}, at::kFloat);
-            receives.emplace_back(source, buffer);
-            pieces.emplace_back(p->slice, buffer);
-          }
+             unit(u).label(), shard_buffers[u].numel(), shard_numel);
+  }
+  for (size_t index = 0; index < whole_parameters_.size(); ++index) {
+    const WholeParameter& whole_parameter = whole_parameters_[index];
+    const FsdpUnit& this_unit = unit(whole_parameter.unit);
+    const FsdpUnit::Member& m = this_unit.members()[whole_parameter.member];
+    const at::Tensor& shard_buffer = shard_buffers[whole_parameter.unit];
+    const int dest = owner(index);
+    // The piece of this member in shard f of tensor block t.
+    auto piece = [&](int f, int t) {
+      return this_unit.piece_in_shard(m, f, tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size));
+    };
+    std::vector<std::pair<int, at::Tensor>> sends, receives;
+    std::vector<std::pair<model::ParameterSlice, at::Tensor>> pieces;  // on the owner
+    for (int f = 0; f < fsdp_size; ++f)
+      for (int t = 0; t < tensor_size; ++t) {
+        const auto p = piece(f, t);
+        if (!p) continue;
+        const int source = holder(f, t, whole_parameter.expert_holder);
+        if (source == me) {
+          const at::Tensor mine = shard_buffer.narrow(0, p->offset_in_shard, p->slice.numel()).contiguous();
+          if (dest == me)
+            pieces.emplace_back(p->slice, mine);
+          else
+            sends.emplace_back(dest, mine);
+        } else if (dest == me) {
+          at::Tensor buffer = at::empty({p->slice.numel()}, at::kFloat);
+          receives.emplace_back(source, buffer);
+          pieces.emplace_back(p->slice, buffer);
         }
-      if (!sends.empty() || !receives.empty()) world.exchange(sends, receives, static_cast<int>(index));
-      if (dest == me) {
-        at::Tensor whole = at::empty(m.block.full_shape, at::kFloat);
-        at::Tensor whole_flat = whole.view({-1});
-        for (const auto& [slice, values] : pieces)
-          slice.for_each_run([&, &values = values](int64_t whole_index, int64_t count, int64_t offset) {
-            whole_flat.narrow(0, whole_index, count).copy_(values.narrow(0, offset, count));
-          });
-        fn(index, m.name, whole);
       }
-      ++index;
+    if (!sends.empty() || !receives.empty()) world.exchange(sends, receives, static_cast<int>(index));
+    if (dest == me) {
+      at::Tensor whole = at::empty(whole_parameter.shape, at::kFloat);
+      at::Tensor whole_flat = whole.view({-1});
+      for (const auto& [slice, values] : pieces)
+        slice.for_each_run([&, &values = values](int64_t whole_index, int64_t count, int64_t offset) {
+          whole_flat.narrow(0, whole_index, count).copy_(values.narrow(0, offset, count));
+        });
+      fn(index, whole_parameter.name, whole);
     }
   }
 }
@@ -357,10 +412,14 @@ std::string ParallelModel::memory_summary() const {
     largest_unit = std::max(largest_unit, unit(u).padded_numel());
   }
   return fmt::format(
-      "parameters {} + gradients {} + AdamW moments {} per device (fsdp={}, tensor={}); gathered during a step: "
+      "parameters {} + gradients {} + AdamW moments {} per device (fsdp={}, tensor={}{}); gathered during a step: "
       "{} ({})",
       megabytes(shard_bytes), megabytes(shard_bytes), megabytes(2 * shard_bytes), fsdp_comm_.size(),
       tensor_comm_.size(),
+      expert_units_.empty() ? ""
+                            : fmt::format(", expert={}: {} of the {} experts of each layer", expert_comm_.size(),
+                                          model_->config().num_local_experts / expert_comm_.size(),
+                                          model_->config().num_local_experts),
       fsdp_comm_.size() == 1 ? "none (the shards are the parameters)"
                              : megabytes(static_cast<int64_t>(sizeof(float)) * largest_unit) + " for the largest unit",
       fsdp_comm_.size() == 1 ? "no FSDP"

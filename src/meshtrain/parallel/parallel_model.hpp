@@ -1,11 +1,14 @@
 // parallel_model.hpp — a single-device Llama made SPMD over the mesh from outside: tensor parallelism over
-// `tensor`, FSDP over `fsdp`, data parallelism over `data` (with fsdp > 1 too: the hybrid layout).
+// `tensor`, FSDP over `fsdp`, data parallelism over `data` (with fsdp > 1 too: the hybrid layout), and for a Mixtral
+// expert parallelism over `expert` (parallel/expert_parallel.hpp), which outside the experts is more data
+// parallelism: the batch rows are split over it too and the other parameters' gradients summed over (data, expert).
 //
 // Every device builds the same model, its parameters allocated but never written, and hands it here with where the
 // values come from (the initializer, a checkpoint): the device asks that source for its tensor-parallel block of
 // each projection and its FSDP shard of every unit, and nothing else, so no device ever holds the whole model.
 // The FSDP units, in checkpoint and shard-buffer order: the embedding table, each decoder layer, the final norm, and
-// lm_head (with tied embeddings the table is the head's weight and there is no lm_head unit).
+// lm_head (with tied embeddings the table is the head's weight and there is no lm_head unit); a Mixtral then has one
+// unit per layer of this device's experts (gathered, freed and reduce-scattered with its layer).
 // Where it communicates:
 //   forward          all-gather of each unit's shards over fsdp when it runs: the embedding for the lookup (freed
 //                    after it), each layer (the next one's started while the current one computes), the final norm
@@ -15,7 +18,11 @@
 //   backward         the final norm's reduce-scatter, then each layer: all-gather again (if resharded after forward;
 //                    the previous layer's started) and reduce-scatter of its gradients over fsdp;
 //                    finish_backward(): the embedding's reduce-scatter (the lookup's gradient)
-//   synchronize_gradients()   one all-reduce of every gradient shard over `data` (after the last micro-batch)
+//   MoE layers       per layer and pass, over `expert`: an all_to_all of the slot counts and two all-to-alls of
+//                    the routed rows (forward and backward); at the end of forward, one all-reduce of the routing
+//                    statistics over the batch axes (the load-balancing loss is over the global batch)
+//   synchronize_gradients()   one all-reduce of every gradient shard over `data` (after the last micro-batch), the
+//                    non-expert ones over (data, expert)
 //   gradient_norm()  one all-reduce over fsdp and one over tensor of two scalars
 // A checkpointed layer repeats its forward (and its tensor-parallel all-reduces) in backward, after the regather.
 // With every axis of size 1 nothing communicates and the parameters are the optimizer's buffers (no copies).
@@ -40,6 +47,8 @@ struct ParallelOptions {
   // What FSDP all-gathers carry: kFloat, or kBFloat16 with bf16 compute (compute_dtype=bfloat16: half the bytes;
   // the shards, the optimizer and the gradient reduce-scatters stay fp32).
   at::ScalarType gather_dtype = at::kFloat;
+  // A Mixtral's expert capacity (moe.capacity_factor): 0 dropless, c > 0 see MixtralSparseMoe::set_capacity_factor.
+  double capacity_factor = 0;
 
   // "none" | "full" | "every_<k>" (k >= 1); UserError naming the key otherwise.
   static int parse_checkpoint_every(const std::string& value);
@@ -47,16 +56,22 @@ struct ParallelOptions {
 
 class ParallelModel {
  public:
-  // `values`: the parameters' values, asked for this device's pieces only. UserError if the mesh has expert > 1 (the
-  // Llama models have no experts to place) or the layout does not divide the model.
+  // `values`: the parameters' values, asked for this device's pieces only. UserError if the layout does not divide
+  // the model (expert > 1 needs a Mixtral whose experts split evenly).
   ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx, ParallelOptions options,
                 const model::SliceSource& values);
 
   model::LlamaForCausalLM& model() { return *model_; }
+  // The devices that hold other rows of the batch: (data, fsdp), and expert when the mesh has expert > 1 (the sums
+  // of losses and routing statistics run over it).
+  runtime::Comm& batch_comm() { return batch_comm_; }
 
   // The training loss of this device's int64 tokens: the sum of the token cross entropies of targets_BT (fp32
   // scalar), the head's loss fused and chunked (the logits never whole). Without grad mode it only evaluates.
   at::Tensor loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT);
+  // The routing of the last loss_sum pass over the global batch (a Mixtral; null for a dense Llama).
+  const model::RouterStats* router_stats() const { return model_->router_stats().get(); }
+
   // After loss.backward(): reduce-scatters the embedding's gradients (the others' were during the backward).
   void finish_backward();
   // After the last micro-batch of a step: all-reduces every gradient shard over `data`.
@@ -70,7 +85,8 @@ class ParallelModel {
   std::vector<at::Tensor> gradient_shards();
 
   // Assembles the whole Hugging Face tensor of every parameter from shard-shaped buffers (parameter_shards() itself,
-  // or optimizer moments laid out like them), parameter by parameter in unit order (index i), each on one device:
+  // or optimizer moments laid out like them), parameter by parameter in unit order (index i; every expert of an
+  // expert unit, wherever it is held), each on one device:
   // world rank owner(i) gets fn(i, name, whole). The devices of data replica 0 send their pieces to the owner point
   // to point, so each byte of the state crosses the network at most once and a device holds at most one whole
   // parameter (and its received pieces) at a time. Collective over the world: every device calls it alike.
@@ -97,16 +113,31 @@ class ParallelModel {
   runtime::Comm& fsdp_comm_;
   runtime::Comm& tensor_comm_;
   runtime::Comm& data_comm_;
+  runtime::Comm& expert_comm_;
+  runtime::Comm& dense_gradient_comm_;  // (data, expert): the non-expert gradients' replicas; `data` if expert = 1
+  runtime::Comm& batch_comm_;
+  // Every parameter of the whole model in unit order, the same on every device: where its pieces are (the unit and
+  // member; an expert's member is the one at the same place among the local experts of its holder, who has
+  // expert coordinate `expert_holder`, 0 for the other parameters).
+  struct WholeParameter {
+    std::string name;
+    std::vector<int64_t> shape;
+    size_t unit = 0, member = 0;
+    int expert_holder = 0;
+  };
+  std::vector<WholeParameter> whole_parameters_;
   // Unit u of the checkpoint and shard-buffer order: 0 the embedding, 1..L the layers, L + 1 the final norm, L + 2
-  // lm_head (when not tied).
+  // lm_head (when not tied), then each layer's experts (a Mixtral).
   const FsdpUnit& unit(size_t u) const;
   FsdpUnit& unit(size_t u);
-  size_t num_units() const { return layers_.size() + (lm_head_ ? 3 : 2); }
+  size_t num_dense_units() const { return layers_.size() + (lm_head_ ? 3 : 2); }
+  size_t num_units() const { return num_dense_units() + expert_units_.size(); }
 
   std::unique_ptr<FsdpUnit> embedding_;             // model.embed_tokens (the head's weight too when tied)
   std::vector<std::unique_ptr<FsdpUnit>> layers_;  // one per decoder layer
   std::unique_ptr<FsdpUnit> final_norm_;            // model.norm
   std::unique_ptr<FsdpUnit> lm_head_;               // lm_head; null when tied
+  std::vector<std::unique_ptr<FsdpUnit>> expert_units_;  // a Mixtral's: this device's experts of each layer
 };
 
 }  // namespace meshtrain::parallel

@@ -2,6 +2,7 @@
 #include "meshtrain/parallel/tensor_parallel.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/moe.hpp"
 #include "meshtrain/parallel/collectives.hpp"
 
 namespace meshtrain::parallel {
@@ -11,13 +12,25 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// `name` ends with `pattern`, in which one "*" stands for one non-empty name component (an expert's index).
+bool matches(const std::string& name, const std::string& pattern) {
+  const size_t star = pattern.find('*');
+  if (star == std::string::npos) return ends_with(name, pattern);
+  const std::string before = pattern.substr(0, star), after = pattern.substr(star + 1);
+  if (!ends_with(name, after)) return false;
+  const std::string rest = name.substr(0, name.size() - after.size());
+  const size_t dot = rest.rfind('.');
+  return dot != std::string::npos && dot + 1 < rest.size() && ends_with(rest.substr(0, dot + 1), before);
+}
+
 }  // namespace
 
 TensorSplit tensor_split_of(const std::string& name) {
-  for (const char* column : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight"})
-    if (ends_with(name, column)) return TensorSplit::rows;
-  for (const char* row : {"o_proj.weight", "down_proj.weight"})
-    if (ends_with(name, row)) return TensorSplit::columns;
+  for (const char* column : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight",
+                             "experts.*.w1.weight", "experts.*.w3.weight"})
+    if (matches(name, column)) return TensorSplit::rows;
+  for (const char* row : {"o_proj.weight", "down_proj.weight", "experts.*.w2.weight"})
+    if (matches(name, row)) return TensorSplit::columns;
   return TensorSplit::none;
 }
 
@@ -88,6 +101,12 @@ void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor
     else
       model.replace_linear(name, std::make_shared<RowParallelLinear>(whole[0], whole[1] / n, tensor_comm));
   }
+  runtime::Comm* comm = &tensor_comm;
+  for (const auto& layer : model.model->layers)
+    if (layer->block_sparse_moe)
+      layer->block_sparse_moe->shard_over_tensor(
+          n, [comm](const torch::Tensor& x) { return copy_to_group(x, *comm); },
+          [comm](const torch::Tensor& y) { return reduce_from_group(y, *comm); });
 }
 
 }  // namespace meshtrain::parallel

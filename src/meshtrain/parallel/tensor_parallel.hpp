@@ -53,7 +53,8 @@ class RowParallelLinear : public model::Linear {
 void check_tensor_parallel(const model::LlamaConfig& config, int tensor_size);
 
 // Replaces every layer's projections by this rank's column/row-parallel blocks (unwritten; the whole weights are
-// dropped without being read), after check_tensor_parallel. No-op for a group of one.
+// dropped without being read), after check_tensor_parallel; a Mixtral's experts keep their blocks of w1/w3 rows and
+// w2 columns, entered and left once per block (model/moe.hpp). No-op for a group of one.
 void apply_tensor_parallel(model::LlamaForCausalLM& model, runtime::Comm& tensor_comm);
 
 // The block of the parameter `name` (whole shape `full_shape`) that rank `rank` of `size` holds under `split`, as

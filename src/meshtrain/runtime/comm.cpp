@@ -327,7 +327,7 @@ void Comm::barrier() {
 }
 
 void Comm::exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
-                    const std::vector<std::pair<int, at::Tensor>>& receives, int tag) {
+                    const std::vector<std::pair<int, at::Tensor>>& receives, int tag, Collective counted_as) {
   int64_t bytes = 0;
   for (const auto& [rank, tensor] : sends) {
     MT_CHECK(rank >= 0 && rank < size() && rank != this->rank() && tensor.is_contiguous(),
@@ -339,7 +339,7 @@ void Comm::exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
     MT_CHECK(rank >= 0 && rank < size() && rank != this->rank() && tensor.is_contiguous(),
              "exchange over {}: a receive from rank {} (of {}, this is {}) into a buffer that must be contiguous",
              label_, rank, size(), this->rank());
-  run(Collective::point_to_point, bytes, [&] { backend_->exchange(sends, receives, tag); });
+  run(counted_as, bytes, [&] { backend_->exchange(sends, receives, tag); });
 }
 
 }  // namespace meshtrain::runtime

@@ -23,7 +23,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 MemoryLayout memory_layout(const config::Config& config, const TrainSettings& settings, const mesh::Mesh& mesh) {
-  const int64_t batch_row_shards = mesh.size_along(data::input_sharding(config).dims.at(0));
+  const int64_t batch_row_shards = mesh.size_along(data::input_sharding(config, mesh).dims.at(0));
   MemoryLayout layout;
   layout.fsdp = mesh.size(mesh::Axis::fsdp);
   layout.tensor = mesh.size(mesh::Axis::tensor);

@@ -136,6 +136,16 @@ void MetricsLogger::finish() {
   if (file_.is_open()) file_.close();
 }
 
+double StepMetrics::Routing::max_over_mean() const {
+  if (expert_load.empty()) return 0;
+  double sum = 0, max = 0;
+  for (double load : expert_load) {
+    sum += load;
+    max = std::max(max, load);
+  }
+  return sum > 0 ? max * static_cast<double>(expert_load.size()) / sum : 0;
+}
+
 void MetricsLogger::write_line(const StepMetrics& m) {
   const double steps = static_cast<double>(pending_steps_);
   const double tokens_per_s = pending_step_s_ > 0 ? static_cast<double>(pending_tokens_) / pending_step_s_ : 0.0;
@@ -148,10 +158,16 @@ void MetricsLogger::write_line(const StepMetrics& m) {
 
   clear_progress();
   log::info("epoch: {}, step: {}/{}, loss (global mean): {:.4f}, grad_norm: {:.4f}, lr: {:.3e}, tokens/s: {:.0f} "
-            "({:.0f}/device){}, step time: {:.1f} ms (compute {:.1f}, comm {:.1f}), data wait: {:.1f} ms ({:.1f}%)",
+            "({:.0f}/device){}, step time: {:.1f} ms (compute {:.1f}, comm {:.1f}), data wait: {:.1f} ms ({:.1f}%){}",
             m.epoch, m.step, max_steps_, m.loss, m.grad_norm, m.learning_rate, tokens_per_s, tokens_per_s_per_device,
             peak_known ? fmt::format(", MFU: {:.1f}%", 100 * mfu) : "", 1e3 * step_s, 1e3 * compute_s, 1e3 * comm_s,
-            1e3 * data_wait_s, data_wait_percent);
+            1e3 * data_wait_s, data_wait_percent,
+            m.routing ? fmt::format(", aux_loss: {:.4f}, expert load max/mean: {:.2f}{}", m.routing->aux_loss,
+                                    m.routing->max_over_mean(),
+                                    m.routing->dropped_fraction > 0
+                                        ? fmt::format(", dropped: {:.2f}%", 100 * m.routing->dropped_fraction)
+                                        : "")
+                      : "");
   const double peak_rss_gb = static_cast<double>(peak_resident_bytes()) / 1e9;
   if (file_.is_open()) {
     nlohmann::json line = {{"step", m.step},
@@ -168,6 +184,12 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                            {"comm_s", comm_s},
                            {"peak_rss_gb", peak_rss_gb},
                            {"comm_bytes", m.comm_bytes}};
+    if (m.routing) {
+      line["aux_loss"] = m.routing->aux_loss;
+      line["expert_load"] = m.routing->expert_load;
+      line["expert_load_max_over_mean"] = m.routing->max_over_mean();
+      line["dropped_fraction"] = m.routing->dropped_fraction;
+    }
     append_json_line(line);
   }
   if (events_) {
@@ -182,6 +204,11 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                                                            {"time/comm_s", comm_s},
                                                            {"memory/peak_rss_gb", peak_rss_gb}};
     if (peak_known) scalars.emplace_back("throughput/mfu", mfu);
+    if (m.routing)
+      for (const auto& [tag, value] : {std::pair<std::string, double>{"moe/aux_loss", m.routing->aux_loss},
+                                       {"moe/expert_load_max_over_mean", m.routing->max_over_mean()},
+                                       {"moe/dropped_fraction", m.routing->dropped_fraction}})
+        scalars.emplace_back(tag, value);
     events_->add_scalars(m.step, scalars);
   }
   pending_steps_ = pending_tokens_ = 0;

@@ -10,7 +10,10 @@
 // metrics.jsonl keys: step, epoch, loss, grad_norm, lr, tokens_per_s, tokens_per_s_per_device, mfu (null when the
 // peak is unknown), step_time_s, data_wait_s, compute_s, comm_s, peak_rss_gb (the host's peak resident memory so
 // far), and comm_bytes: the payload bytes device 0 passed to each kind of collective during the logged step
-// ({"allgather": .., "reduce_scatter": .., "allreduce": .., "alltoall": .., "broadcast": ..}). An evaluation adds its
+// ({"allgather": .., "reduce_scatter": .., "allreduce": .., "alltoall": .., "broadcast": ..}). A Mixtral's lines add
+// aux_loss (Hugging Face's load-balancing loss, without router_aux_loss_coef, averaged over the step's micro-batches;
+// `loss` stays the language-model cross entropy), expert_load (the token slots routed to each expert over the global
+// batch, summed over layers and micro-batches), expert_load_max_over_mean and dropped_fraction. An evaluation adds its
 // own line: step, eval_loss, eval_perplexity, eval_tokens, eval_time_s. Each line is flushed as it is written, so a
 // crash keeps the lines before it; a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a
 // fresh run) first drops the lines for steps >= s (an atomic rewrite), so the file holds one line per step (and one
@@ -19,7 +22,8 @@
 // With metrics.tensorboard on, the writer also adds each line's numbers to a TensorBoard event file under
 // <output_dir>/tensorboard (tensorboard/event_writer.hpp) as scalars tagged <group>/<key>: train/ (loss, grad_norm,
 // lr), throughput/ (tokens_per_s, tokens_per_s_per_device, mfu when known), time/ (step_time_s, data_wait_s,
-// compute_s, comm_s), memory/peak_rss_gb and eval/ (eval_loss, eval_perplexity).
+// compute_s, comm_s), memory/peak_rss_gb, moe/ (aux_loss, expert_load_max_over_mean, dropped_fraction) and eval/
+// (eval_loss, eval_perplexity).
 #pragma once
 
 #include "meshtrain/config/config.hpp"
@@ -34,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <fstream>
+#include <vector>
 
 namespace meshtrain::train {
 
@@ -51,6 +56,13 @@ struct StepMetrics {
   int num_devices = 1;
   double flops_per_token = 0;    // model::LlamaConfig::training_flops_per_token
   std::map<std::string, int64_t> comm_bytes;  // payload bytes per collective kind this step (see above)
+  struct Routing {                            // a Mixtral's (see above)
+    double aux_loss = 0;
+    std::vector<double> expert_load;
+    double dropped_fraction = 0;
+    double max_over_mean() const;
+  };
+  std::optional<Routing> routing;
 };
 
 struct EvalMetrics {

@@ -49,6 +49,9 @@ TrainSettings TrainSettings::from_config(const config::Config& config) {
   s.max_grad_norm = config.get_float("max_grad_norm");
   s.compute_dtype = compute_dtype_of(config);
   s.parallel.reshard_after_forward = config.get_bool("parallel.reshard_after_forward");
+  s.parallel.capacity_factor = config.get_float("moe.capacity_factor");
+  MT_USER_CHECK(s.parallel.capacity_factor >= 0, "moe.capacity_factor must be 0 (dropless) or positive, got {}",
+                s.parallel.capacity_factor);
   s.parallel.gather_dtype = s.compute_dtype;  // bf16 compute gathers bf16 (parallel_model.hpp)
   s.parallel.checkpoint_every =
       parallel::ParallelOptions::parse_checkpoint_every(config.get_string("activation_checkpointing"));

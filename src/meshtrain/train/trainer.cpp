@@ -9,6 +9,7 @@
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/llama.hpp"
+#include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/plots/metrics_svg.hpp"
@@ -43,8 +44,8 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// How many devices of the (data, fsdp) group hold each row of the batch: the gradient-reduction axes the input
-// sharding leaves out. UserError if the batch is split over `tensor` (its ranks must see the same rows).
+// How many devices of the (data, fsdp, expert) group hold each row of the batch: the gradient-reduction axes the
+// input sharding leaves out. UserError if the batch is split over `tensor` (its ranks must see the same rows).
 int64_t row_replicas(const mesh::Mesh& mesh, const sharding::PartitionSpec& spec) {
   const std::vector<Axis>& batch_axes = spec.dims.at(0);
   auto splits_over = [&](Axis a) { return std::find(batch_axes.begin(), batch_axes.end(), a) != batch_axes.end(); };
@@ -52,7 +53,7 @@ int64_t row_replicas(const mesh::Mesh& mesh, const sharding::PartitionSpec& spec
                 "data.input_sharding splits the batch over tensor, but the ranks of a tensor-parallel group must see "
                 "the same rows; shard the batch over data and fsdp only");
   int64_t replicas = 1;
-  for (Axis a : {Axis::data, Axis::fsdp})
+  for (Axis a : {Axis::data, Axis::fsdp, Axis::expert})
     if (!splits_over(a)) replicas *= mesh.size(a);
   return replicas;
 }
@@ -168,9 +169,14 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
                         peak_flops_per_device(config, settings.compute_dtype, runtime.threads_per_device()),
                         start_step + 1);
   const int64_t global_tokens = settings.global_batch_size * settings.block_size;
-  log::info("Training a Llama of {} layers x {} hidden ({} parameters), steps {}..{}: global batch {} x {} = {} tokens "
-            "per step, {} micro-batch{} per step, {} on {} devices", model_config.num_hidden_layers,
-            model_config.hidden_size, model_config.parameter_count(), start_step + 1, settings.max_steps,
+  log::info("Training a {} of {} layers x {} hidden ({} parameters{}), steps {}..{}: global batch {} x {} = {} tokens "
+            "per step, {} micro-batch{} per step, {} on {} devices", model_config.is_moe() ? "Mixtral" : "Llama",
+            model_config.num_hidden_layers, model_config.hidden_size, model_config.parameter_count(),
+            model_config.is_moe() ? fmt::format(", {} active: {} experts per layer, top-{}",
+                                                model_config.active_parameter_count(), model_config.num_local_experts,
+                                                model_config.num_experts_per_tok)
+                                  : "",
+            start_step + 1, settings.max_steps,
             settings.global_batch_size, settings.block_size, global_tokens, settings.micro_batches,
             settings.micro_batches == 1 ? "" : "es",
             settings.compute_dtype == torch::kBFloat16 ? "bf16 matmuls" : "fp32", mesh.num_devices());
@@ -204,7 +210,10 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
     AdamW optimizer(settings.adamw, parallel_model.parameter_shards());
     if (resume) load_optimizer_state(resume->dir, parallel_model, optimizer);
     if (ctx.device() == 0) log::info("Memory: {}", parallel_model.memory_summary());
-    runtime::Comm& batch_comm = ctx.over({Axis::data, Axis::fsdp});
+    runtime::Comm& batch_comm = parallel_model.batch_comm();
+    model::RouterStats* router_stats = parallel_model.model().router_stats().get();
+    // A step's objective averages the load-balancing loss over its micro-batches.
+    if (router_stats) router_stats->set_objective_weight(1.0 / static_cast<double>(settings.micro_batches));
     ctx.report_progress(start_step);
 
     // The mean loss over one round of held-out batches with the weights after `step`: forward only, on the training
@@ -248,10 +257,19 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
                     "gradient_accumulation_steps={} does not divide the {} rows each device holds (global_batch_size "
                     "{} over the mesh)", settings.micro_batches, inputs_BT.size(0), settings.global_batch_size);
       double local_loss_sum = 0;
+      std::optional<StepMetrics::Routing> routing;
+      if (router_stats) routing.emplace().expert_load.assign(model_config.num_local_experts, 0.0);
       const std::vector<at::Tensor> input_chunks = inputs_BT.chunk(settings.micro_batches, 0);
       const std::vector<at::Tensor> label_chunks = labels_BT.chunk(settings.micro_batches, 0);
       for (int64_t m = 0; m < settings.micro_batches; ++m) {
         const at::Tensor loss_sum = parallel_model.loss_sum(input_chunks[m], label_chunks[m]);
+        if (routing) {  // the global batch's routing (replicated rows counted once)
+          routing->aux_loss += router_stats->aux_loss() / static_cast<double>(settings.micro_batches);
+          routing->dropped_fraction += router_stats->dropped_fraction() / static_cast<double>(settings.micro_batches);
+          const at::Tensor& routed_E = router_stats->routed_slots();
+          for (int64_t e = 0; e < routed_E.numel(); ++e)
+            routing->expert_load[e] += routed_E[e].item<double>() / replicas;
+        }
         (loss_sum / (static_cast<double>(global_tokens) * replicas)).backward();
         parallel_model.finish_backward();
         local_loss_sum += loss_sum.item<double>();
@@ -282,6 +300,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       m.tokens = global_tokens;
       m.num_devices = ctx.mesh().num_devices();
       m.flops_per_token = static_cast<double>(model_config.training_flops_per_token(settings.block_size));
+      m.routing = routing;
       m.comm_bytes = collective_bytes(ctx.counters());
       for (auto& [kind, bytes] : m.comm_bytes) bytes -= bytes_before.at(kind);
       if (reporter) metrics.log(m);

@@ -1,0 +1,183 @@
+// moe.cpp — Mixtral's sparse MoE block: routing, grouped expert compute, capacity, and the load-balancing
+// gradient. Shape suffixes as in moe.hpp.
+#include "meshtrain/model/moe.hpp"
+
+#include "meshtrain/common/error.hpp"
+
+#include <cmath>
+#include <numeric>
+
+namespace meshtrain::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Identity on a layer's output that, in backward, gives the layer's router probability sums their gradient from the
+// load-balancing loss (RouterStats::probability_gradient: known once the whole forward has routed).
+struct LoadBalancingGradient : torch::autograd::Function<LoadBalancingGradient> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& /*probability_sums_E*/,
+                            RouterStats* stats) {
+    ctx->saved_data["stats"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(stats));
+    return y.view_as(y);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* stats = reinterpret_cast<RouterStats*>(static_cast<intptr_t>(ctx->saved_data["stats"].toInt()));
+    return {grads[0], stats->probability_gradient(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+RouterStats::RouterStats(int64_t num_experts, int64_t experts_per_token, double aux_loss_coef)
+    : num_experts_(num_experts), experts_per_token_(experts_per_token), aux_loss_coef_(aux_loss_coef) {
+  begin_forward();
+}
+
+void RouterStats::begin_forward() {
+  closed_ = false;
+  layers_ = 0;
+  dropped_ = 0;
+  routed_E_ = at::zeros({num_experts_}, at::kDouble);
+  probability_sums_E_ = at::zeros({num_experts_}, at::kDouble);
+}
+
+void RouterStats::add_layer(const at::Tensor& routed_slots_E, const at::Tensor& probability_sums_E,
+                            int64_t dropped_slots) {
+  if (closed_) return;
+  ++layers_;
+  routed_E_ += routed_slots_E.to(at::kDouble);
+  probability_sums_E_ += probability_sums_E.detach().to(at::kDouble);
+  dropped_ += static_cast<double>(dropped_slots);
+}
+
+void RouterStats::close(const std::function<void(at::Tensor&)>& sum_over_batch) {
+  MT_CHECK(!closed_, "the router statistics of this forward pass were already closed");
+  at::Tensor all = at::cat({routed_E_, probability_sums_E_, at::full({1}, dropped_, at::kDouble)});
+  sum_over_batch(all);
+  routed_E_ = all.narrow(0, 0, num_experts_).clone();
+  probability_sums_E_ = all.narrow(0, num_experts_, num_experts_).clone();
+  dropped_ = all[2 * num_experts_].item<double>();
+  closed_ = true;
+}
+
+at::Tensor RouterStats::probability_gradient() const {
+  MT_CHECK(closed_, "the load-balancing gradient is asked for before the forward pass ended (RouterStats::close)");
+  const double layer_tokens = routed_E_.sum().item<double>() / static_cast<double>(experts_per_token_);
+  if (layer_tokens == 0) return at::zeros({num_experts_}, at::kFloat);
+  const double scale = objective_weight_ * aux_loss_coef_ * static_cast<double>(num_experts_) /
+                       (layer_tokens * layer_tokens);
+  return (routed_E_ * scale).to(at::kFloat);
+}
+
+double RouterStats::aux_loss() const {
+  MT_CHECK(closed_, "the load-balancing loss is asked for before the forward pass ended (RouterStats::close)");
+  const double layer_tokens = routed_E_.sum().item<double>() / static_cast<double>(experts_per_token_);
+  if (layer_tokens == 0) return 0;
+  return static_cast<double>(num_experts_) * (routed_E_ * probability_sums_E_).sum().item<double>() /
+         (layer_tokens * layer_tokens);
+}
+
+double RouterStats::dropped_fraction() const {
+  const double routed = routed_E_.sum().item<double>();
+  return routed == 0 ? 0 : dropped_ / routed;
+}
+
+MixtralExpert::MixtralExpert(int64_t hidden_size, int64_t intermediate_size) {
+  w1 = register_module("w1", std::make_shared<DenseLinear>(hidden_size, intermediate_size));
+  w2 = register_module("w2", std::make_shared<DenseLinear>(intermediate_size, hidden_size));
+  w3 = register_module("w3", std::make_shared<DenseLinear>(hidden_size, intermediate_size));
+}
+
+torch::Tensor MixtralExpert::forward(const torch::Tensor& x_RD) {
+  return w2->forward(torch::silu(w1->forward(x_RD)) * w3->forward(x_RD));
+}
+
+MixtralSparseMoe::MixtralSparseMoe(const LlamaConfig& config, std::shared_ptr<RouterStats> stats)
+    : num_experts_(config.num_local_experts), experts_per_token_(config.num_experts_per_tok), stats_(std::move(stats)) {
+  gate = register_module("gate", std::make_shared<DenseLinear>(config.hidden_size, num_experts_));
+  expert_modules_ = register_module("experts", std::make_shared<torch::nn::Module>());
+  for (int64_t e = 0; e < num_experts_; ++e)
+    experts_.push_back(expert_modules_->register_module(
+        std::to_string(e), std::make_shared<MixtralExpert>(config.hidden_size, config.intermediate_size)));
+}
+
+void MixtralSparseMoe::keep_experts(int64_t first, int64_t count) {
+  MT_CHECK(first_expert_ == 0 && static_cast<int64_t>(experts_.size()) == num_experts_ && first >= 0 && count >= 1 &&
+               first + count <= num_experts_,
+           "keep_experts({}, {}) on a block of {} experts", first, count, num_experts_);
+  for (int64_t e = 0; e < num_experts_; ++e)
+    if (e < first || e >= first + count) expert_modules_->unregister_module(std::to_string(e));
+  experts_ = std::vector<std::shared_ptr<MixtralExpert>>(experts_.begin() + first, experts_.begin() + first + count);
+  first_expert_ = first;
+}
+
+void MixtralSparseMoe::shard_over_tensor(int size, TensorGroupStep enter, TensorGroupStep exit) {
+  for (const std::shared_ptr<MixtralExpert>& expert : experts_) {
+    const int64_t F = expert->w1->weight.size(0), D = expert->w1->weight.size(1);
+    MT_CHECK(F % size == 0, "an expert's intermediate size {} does not split over {} tensor ranks", F, size);
+    expert->w1 = expert->replace_module("w1", std::make_shared<DenseLinear>(D, F / size));
+    expert->w2 = expert->replace_module("w2", std::make_shared<DenseLinear>(F / size, D));
+    expert->w3 = expert->replace_module("w3", std::make_shared<DenseLinear>(D, F / size));
+  }
+  tensor_enter_ = std::move(enter);
+  tensor_exit_ = std::move(exit);
+}
+
+torch::Tensor MixtralSparseMoe::run_local_experts(const torch::Tensor& x_RD,
+                                                  const std::vector<int64_t>& rows_per_local_expert) {
+  MT_CHECK(rows_per_local_expert.size() == experts_.size(), "{} row counts for {} local experts",
+           rows_per_local_expert.size(), experts_.size());
+  std::vector<torch::Tensor> outputs;
+  int64_t offset = 0;
+  for (size_t j = 0; j < experts_.size(); ++j) {
+    outputs.push_back(experts_[j]->forward(x_RD.narrow(0, offset, rows_per_local_expert[j])));
+    offset += rows_per_local_expert[j];
+  }
+  MT_CHECK(offset == x_RD.size(0), "the local experts' row counts add up to {}, not the {} rows given", offset,
+           x_RD.size(0));
+  return torch::cat(outputs);
+}
+
+torch::Tensor MixtralSparseMoe::forward(const torch::Tensor& x_BTD) {
+  const int64_t D = x_BTD.size(-1), E = num_experts_, K = experts_per_token_;
+  const torch::Tensor x_ND = x_BTD.reshape({-1, D});
+  const int64_t N = x_ND.size(0);
+  const torch::Tensor logits_NE = torch::matmul(x_ND.to(torch::kFloat32), gate->weight.t());
+  const torch::Tensor probs_NE = torch::softmax(logits_NE, -1);
+  auto [top_probs_NK, experts_NK] = probs_NE.topk(K, -1);
+  const torch::Tensor weights_NK = top_probs_NK / top_probs_NK.sum(-1, /*keepdim=*/true);
+
+  // The slots (token n's j-th choice is slot n*K + j) sorted by expert, token order within an expert.
+  const torch::Tensor experts_S = experts_NK.reshape({-1});
+  torch::Tensor order_S = std::get<1>(experts_S.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
+  const torch::Tensor routed_E = torch::bincount(experts_S, {}, E);
+  torch::Tensor kept_E = routed_E;
+  int64_t dropped = 0;
+  if (capacity_factor_ > 0) {
+    const int64_t capacity =
+        static_cast<int64_t>(std::ceil(capacity_factor_ * static_cast<double>(N * K) / static_cast<double>(E)));
+    const torch::Tensor sorted_experts_S = experts_S.index_select(0, order_S);
+    const torch::Tensor first_slot_E = routed_E.cumsum(0) - routed_E;
+    const torch::Tensor rank_in_expert_S =
+        torch::arange(order_S.size(0), torch::kInt64) - first_slot_E.index_select(0, sorted_experts_S);
+    order_S = order_S.masked_select(rank_in_expert_S < capacity);
+    kept_E = routed_E.clamp_max(capacity);
+    dropped = N * K - order_S.size(0);
+  }
+  stats_->add_layer(routed_E, probs_NE.sum(0), dropped);
+
+  const torch::Tensor tokens_S = order_S.div(K, "floor");
+  const torch::Tensor expert_input_ND = tensor_enter_ ? tensor_enter_(x_ND) : x_ND;
+  const torch::Tensor x_SD = expert_input_ND.index_select(0, tokens_S);
+  const std::vector<int64_t> rows_E(kept_E.data_ptr<int64_t>(), kept_E.data_ptr<int64_t>() + E);
+  torch::Tensor y_SD = exchange_ ? exchange_(x_SD, rows_E) : run_local_experts(x_SD, rows_E);
+  if (tensor_exit_) y_SD = tensor_exit_(y_SD);  // whole before the routing weights multiply it (their gradient)
+  const torch::Tensor weights_S = weights_NK.reshape({-1}).index_select(0, order_S).to(y_SD.scalar_type());
+  torch::Tensor out_ND = torch::zeros_like(x_ND).index_add(0, tokens_S, y_SD * weights_S.unsqueeze(1));
+  if (torch::GradMode::is_enabled() && probs_NE.requires_grad())
+    out_ND = LoadBalancingGradient::apply(out_ND, probs_NE.sum(0), stats_.get());
+  return out_ND.view(x_BTD.sizes());
+}
+
+}  // namespace meshtrain::model

@@ -1,0 +1,128 @@
+// moe.hpp — the Mixtral sparse mixture-of-experts block (Hugging Face MixtralSparseMoeBlock: parameters
+// `block_sparse_moe.gate.weight` [E, D] and `block_sparse_moe.experts.<e>.{w1,w2,w3}.weight`), which replaces a
+// Llama layer's MLP when the config has num_local_experts > 0, and RouterStats, what one forward pass routed (the
+// load-balancing loss and the load metrics).
+//
+// Routing is Hugging Face's: router logits x W_g^T in fp32, softmax over all E experts, the top k, their weights
+// renormalized to sum to 1. Each expert is a SwiGLU w2(silu(w1 x) * w3 x); a token's output is the weighted sum of
+// its k experts' outputs. Compute is grouped: the N*k routed slots are sorted by expert (token order within one) and
+// each expert runs once on its contiguous rows, also when it has none (its gradient is then zero, not missing).
+// Dropless by default; with a capacity factor c > 0 each expert takes at most ceil(c * N * k / E) of this forward's
+// slots, in token order, and drops the rest (a dropped slot adds nothing: the token keeps its residual).
+//
+// The load-balancing loss is Hugging Face's load_balancing_loss_func over every layer's router, times
+// router_aux_loss_coef in the objective:
+//     aux_loss = E * sum_e f_e * P_e,   f_e = (slots routed to e) / (layers * tokens),
+//                                       P_e = (sum of the router probabilities of e) / (layers * tokens),
+// with the counts and sums over the whole global batch (f sums to k over the experts). Its gradient reaches each
+// layer's router through the probability sums: dAux/dP_e is known only once every layer has routed, so each layer
+// attaches its sums to its output and the backward pass hands them RouterStats::probability_gradient() (the way
+// Megatron attaches its aux loss; it works unchanged when a checkpointed layer recomputes its forward in backward).
+//
+// A parallelizer changes the block from outside: keep_experts (expert parallelism keeps its own experts),
+// shard_over_tensor (each expert's w1/w3 rows and w2 columns split over tensor ranks) and set_exchange (how the
+// sorted slot rows reach the devices of their experts and come back).
+//
+// Shape suffixes: N tokens, D hidden_size, E experts (all of them), K experts per token, S routed slots (rows sorted
+// by expert), F intermediate_size (this tensor rank's part), R rows of the local experts.
+#pragma once
+
+#include "meshtrain/model/llama.hpp"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace meshtrain::model {
+
+// What the MoE layers of one forward pass routed, on one device; global once close() has summed it over the batch.
+class RouterStats {
+ public:
+  RouterStats(int64_t num_experts, int64_t experts_per_token, double aux_loss_coef);
+
+  // A new forward pass (LlamaForCausalLM::embed calls it): the counts start from zero.
+  void begin_forward();
+  // One layer's routing: slots routed to each expert [E] (before any drop), the sum over its tokens of each expert's
+  // router probability [E], and the slots dropped for capacity. Ignored once closed (a checkpointed layer's forward
+  // run again in backward routes the same tokens again).
+  void add_layer(const at::Tensor& routed_slots_E, const at::Tensor& probability_sums_E, int64_t dropped_slots);
+  // Ends the forward pass: `sum_over_batch` sums a double tensor over the devices that hold other rows of the batch,
+  // in place (the identity on one device), making the statistics those of the global batch.
+  void close(const std::function<void(at::Tensor&)>& sum_over_batch);
+  bool closed() const { return closed_; }
+
+  // The weight of the load-balancing loss in what backward differentiates (1: the loss as Hugging Face adds it; the
+  // trainer gives 1 / micro-batches, so a step's objective averages it over its micro-batches).
+  void set_objective_weight(double weight) { objective_weight_ = weight; }
+  // d(objective) / d(one layer's local probability sums) [E] fp32: weight * coef * E * f_e / (layers * tokens).
+  at::Tensor probability_gradient() const;
+
+  // After close(), of the global batch: HF's aux_loss (without the coefficient), the slots routed to each expert
+  // summed over the layers [E] (double), and the fraction of routed slots dropped for capacity.
+  double aux_loss() const;
+  const at::Tensor& routed_slots() const { return routed_E_; }
+  double dropped_fraction() const;
+
+  int64_t num_experts() const { return num_experts_; }
+
+ private:
+  int64_t num_experts_, experts_per_token_;
+  double aux_loss_coef_, objective_weight_ = 1.0;
+  bool closed_ = false;
+  int64_t layers_ = 0;
+  at::Tensor routed_E_, probability_sums_E_;  // double
+  double dropped_ = 0;
+};
+
+// One expert: w2(silu(w1 x) * w3 x), HF's MixtralBlockSparseTop2MLP.
+class MixtralExpert : public torch::nn::Module {
+ public:
+  MixtralExpert(int64_t hidden_size, int64_t intermediate_size);
+  torch::Tensor forward(const torch::Tensor& x_RD);
+  std::shared_ptr<DenseLinear> w1, w2, w3;  // [F, D], [D, F], [F, D]
+};
+
+// Sends rows grouped by expert (rows_per_expert[e] rows of expert e in turn, all E experts) to the devices of their
+// experts, runs them there and returns each row's expert output in the same order (the default runs them all here).
+using ExpertExchange =
+    std::function<torch::Tensor(const torch::Tensor& x_SD, const std::vector<int64_t>& rows_per_expert)>;
+// A tensor-parallel group's differentiable entry and exit (parallel/collectives.hpp's copy_to_group and
+// reduce_from_group).
+using TensorGroupStep = std::function<torch::Tensor(const torch::Tensor&)>;
+
+class MixtralSparseMoe : public torch::nn::Module {
+ public:
+  MixtralSparseMoe(const LlamaConfig& config, std::shared_ptr<RouterStats> stats);
+  torch::Tensor forward(const torch::Tensor& x_BTD);
+
+  // Runs the local experts on rows grouped by local expert (rows_per_local_expert[j] rows of first_expert() + j).
+  torch::Tensor run_local_experts(const torch::Tensor& x_RD, const std::vector<int64_t>& rows_per_local_expert);
+
+  // Keeps experts [first, first + count) only (their modules keep their global names, `experts.<e>`).
+  void keep_experts(int64_t first, int64_t count);
+  // Each expert keeps one block of `size` (its values are the parallelizer's): w1/w3 rows and w2 columns of F / size;
+  // `enter` and `exit` wrap the experts' part of the block (the router stays replicated).
+  void shard_over_tensor(int size, TensorGroupStep enter, TensorGroupStep exit);
+  void set_exchange(ExpertExchange exchange) { exchange_ = std::move(exchange); }
+  // 0: dropless; c > 0: each expert takes at most ceil(c * N * k / E) slots of a forward pass.
+  void set_capacity_factor(double factor) { capacity_factor_ = factor; }
+
+  int64_t first_expert() const { return first_expert_; }
+  const std::vector<std::shared_ptr<MixtralExpert>>& experts() const { return experts_; }
+
+  std::shared_ptr<DenseLinear> gate;  // the router, [E, D]
+
+ private:
+  int64_t num_experts_, experts_per_token_;
+  double capacity_factor_ = 0;
+  std::shared_ptr<RouterStats> stats_;
+  std::shared_ptr<torch::nn::Module> expert_modules_;  // registered as "experts": children "<e>"
+  std::vector<std::shared_ptr<MixtralExpert>> experts_;
+  int64_t first_expert_ = 0;
+  ExpertExchange exchange_;
+  TensorGroupStep tensor_enter_, tensor_exit_;
+};
+
+}  // namespace meshtrain::model
