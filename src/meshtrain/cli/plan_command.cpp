@@ -8,6 +8,7 @@
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
+#include "meshtrain/model/llama_config.hpp"
 #include "meshtrain/sharding/visualize.hpp"
 #include "meshtrain/train/memory_plan.hpp"
 
@@ -189,6 +190,17 @@ int plan_command(int argc, char** argv) {
     std::cout << "\n"
               << sharding::render_input_batch(mesh, config.get_int("global_batch_size"), config.get_int("block_size"),
                                               picture, data::input_sharding(config, mesh));
+    const model::LlamaConfig model_config = model::LlamaConfig::from_run_config(config);
+    if (model_config.is_moe()) {
+      // One layer's w1 of every expert, stacked: experts over `expert`, each expert's rows over `tensor` (and each
+      // device's block then cut flat over `fsdp` by its FSDP unit).
+      const sharding::Shape experts_shape = {model_config.num_local_experts, model_config.intermediate_size,
+                                             model_config.hidden_size};
+      std::cout << "\nA layer's experts (block_sparse_moe.experts.*.w1 stacked; each device's block is further cut "
+                   "flat over fsdp):\n"
+                << sharding::render_sharding(mesh, "experts.w1", c10::ScalarType::Float, experts_shape,
+                                             sharding::PartitionSpec::parse("expert, tensor, None"), picture);
+    }
     MT_USER_CHECK(!shape_text.empty() || spec_text.empty(), "--spec needs --shape (the tensor it partitions)");
     if (!shape_text.empty()) {
       const sharding::Shape shape = sharding::parse_shape(shape_text);

@@ -49,6 +49,7 @@ void CollectiveCounters::record(Collective kind, int64_t bytes, double seconds) 
   calls_[static_cast<int>(kind)].fetch_add(1);
   bytes_[static_cast<int>(kind)].fetch_add(bytes);
   nanoseconds_.fetch_add(static_cast<int64_t>(seconds * 1e9));
+  nanoseconds_by_kind_[static_cast<int>(kind)].fetch_add(static_cast<int64_t>(seconds * 1e9));
 }
 
 std::vector<CollectiveEntry> CollectiveCounters::recent() const {

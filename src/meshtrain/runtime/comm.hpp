@@ -70,6 +70,9 @@ class CollectiveCounters {
   int64_t total_calls() const;
   int64_t total_bytes() const;
   double total_seconds() const { return static_cast<double>(nanoseconds_.load()) * 1e-9; }
+  double seconds(Collective kind) const {
+    return static_cast<double>(nanoseconds_by_kind_[static_cast<int>(kind)].load()) * 1e-9;
+  }
   // "allreduce 3 calls 1.2 KB, allgather 1 call 256 B" (kinds with no calls left out; "none" if empty).
   std::string summary() const;
   // The recorder's entries, oldest first (a copy: safe from any thread).
@@ -83,6 +86,7 @@ class CollectiveCounters {
   std::array<std::atomic<int64_t>, kNumCollectives> calls_{};
   std::array<std::atomic<int64_t>, kNumCollectives> bytes_{};
   std::atomic<int64_t> nanoseconds_{0};
+  std::array<std::atomic<int64_t>, kNumCollectives> nanoseconds_by_kind_{};
   // The recorder is written by the device thread and read by the host's watchdog thread (on a hang): a mutex, held
   // only to copy a few small entries.
   mutable std::mutex recent_mutex_;

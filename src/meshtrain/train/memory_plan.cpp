@@ -27,6 +27,7 @@ MemoryLayout memory_layout(const config::Config& config, const TrainSettings& se
   MemoryLayout layout;
   layout.fsdp = mesh.size(mesh::Axis::fsdp);
   layout.tensor = mesh.size(mesh::Axis::tensor);
+  layout.expert = mesh.size(mesh::Axis::expert);
   layout.devices_per_host = mesh.devices_per_host();
   layout.rows_per_device = std::max<int64_t>(1, settings.global_batch_size / std::max<int64_t>(1, batch_row_shards));
   return layout;
@@ -40,7 +41,10 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   // Elements of each FSDP unit on one tensor rank: the embedding, a layer, the final norm, lm_head (untied); the
   // head's weight is V x D either way.
   const int64_t head_weight = V * D, lm_head = m.tie_word_embeddings ? 0 : V * D;
-  const int64_t layer = (2 * D * q_out + 2 * D * kv_out + 3 * D * F) / tp + 2 * D;
+  // A Mixtral layer holds the router and this device's experts (E / expert of them) instead of the MLP.
+  const int64_t local_experts = m.is_moe() ? m.num_local_experts / std::max(1, layout.expert) : 1;
+  const int64_t router = m.is_moe() ? m.num_local_experts * D : 0;
+  const int64_t layer = (2 * D * q_out + 2 * D * kv_out + local_experts * 3 * D * F) / tp + 2 * D + router;
   const int64_t embedding_shard = ceil_div(V * D, layout.fsdp), layer_shard = ceil_div(layer, layout.fsdp);
   const int64_t norm_shard = ceil_div(D, layout.fsdp), lm_head_shard = ceil_div(lm_head, layout.fsdp);
   const int64_t c = bytes_of(settings.compute_dtype), g = bytes_of(settings.parallel.gather_dtype);
@@ -73,7 +77,12 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs, normalized
   // values and outputs, q/k before and after RoPE, v, the attention output before o_proj, the residual sums, the
   // MLP's gate, up, silu and product; the attention scores and probabilities in fp32.
-  const int64_t per_token_layer = c * (8 * D + (5 * q_out + 7 * kv_out + 4 * F) / tp) + 4 * 2 * (H / tp) * T;
+  // A Mixtral's token goes through k experts: their gate, up, silu and product per slot, the slot's input and output
+  // rows (gathered, exchanged, weighted) and the fp32 router logits and probabilities.
+  const int64_t k = m.is_moe() ? m.num_experts_per_tok : 1;
+  const int64_t moe_rows = m.is_moe() ? c * 4 * k * D + 4 * 2 * m.num_local_experts : 0;
+  const int64_t per_token_layer =
+      c * (8 * D + (5 * q_out + 7 * kv_out + 4 * k * F) / tp) + moe_rows + 4 * 2 * (H / tp) * T;
   const int64_t layer_activations = tokens * per_token_layer;
   const int every = settings.parallel.checkpoint_every;
   if (every == 0) {
@@ -95,11 +104,12 @@ std::string MemoryPlan::describe() const {
   const DeviceMemory& d = device;
   return fmt::format(
       "parameters {} + gradients {} + AdamW {} + {} {} + activations {} + logits {} = {} per device "
-      "({} rows x {} devices per host); {} devices + the process {} = {} per host",
+      "({} rows x {} devices per host{}); {} devices + the process {} = {} per host",
       gigabytes(d.parameters), gigabytes(d.gradients), gigabytes(d.optimizer),
       layout.fsdp > 1 ? "FSDP gathers" : "autograd gradients and weight copies", gigabytes(d.gathered),
       gigabytes(d.activations), gigabytes(d.logits), gigabytes(d.total()), layout.rows_per_device,
-      layout.devices_per_host, layout.devices_per_host, gigabytes(kProcessBytes), gigabytes(host_total()));
+      layout.devices_per_host, layout.expert > 1 ? fmt::format(", each layer's experts split over expert={}", layout.expert) : "",
+      layout.devices_per_host, gigabytes(kProcessBytes), gigabytes(host_total()));
 }
 
 void check_memory_fits(const TrainSettings& settings, const MemoryPlan& plan, const MemoryAvailable& available) {

@@ -189,6 +189,7 @@ void MetricsLogger::write_line(const StepMetrics& m) {
       line["expert_load"] = m.routing->expert_load;
       line["expert_load_max_over_mean"] = m.routing->max_over_mean();
       line["dropped_fraction"] = m.routing->dropped_fraction;
+      line["alltoall_s"] = m.routing->alltoall_seconds;
     }
     append_json_line(line);
   }

@@ -13,7 +13,8 @@
 // ({"allgather": .., "reduce_scatter": .., "allreduce": .., "alltoall": .., "broadcast": ..}). A Mixtral's lines add
 // aux_loss (Hugging Face's load-balancing loss, without router_aux_loss_coef, averaged over the step's micro-batches;
 // `loss` stays the language-model cross entropy), expert_load (the token slots routed to each expert over the global
-// batch, summed over layers and micro-batches), expert_load_max_over_mean and dropped_fraction. An evaluation adds its
+// batch, summed over layers and micro-batches), expert_load_max_over_mean, dropped_fraction and alltoall_s (the time
+// device 0 waited in all-to-alls during the logged step: the exposed expert-parallel exchange). An evaluation adds its
 // own line: step, eval_loss, eval_perplexity, eval_tokens, eval_time_s. Each line is flushed as it is written, so a
 // crash keeps the lines before it; a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a
 // fresh run) first drops the lines for steps >= s (an atomic rewrite), so the file holds one line per step (and one
@@ -60,6 +61,7 @@ struct StepMetrics {
     double aux_loss = 0;
     std::vector<double> expert_load;
     double dropped_fraction = 0;
+    double alltoall_seconds = 0;
     double max_over_mean() const;
   };
   std::optional<Routing> routing;

@@ -248,6 +248,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       if (settings.fault.fires(Fault::kill, step, ctx.device())) ::kill(::getpid(), SIGKILL);
       const Clock::time_point step_start = Clock::now();
       const double comm_before = ctx.counters().total_seconds();
+      const double alltoall_before = ctx.counters().seconds(runtime::Collective::all_to_all);
       const std::map<std::string, int64_t> bytes_before = collective_bytes(ctx.counters());
       data::DeviceBatch batch = pipeline.next(ctx);
       const double replicas = static_cast<double>(row_replicas(ctx.mesh(), batch.input_ids.spec()));
@@ -300,6 +301,8 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       m.tokens = global_tokens;
       m.num_devices = ctx.mesh().num_devices();
       m.flops_per_token = static_cast<double>(model_config.training_flops_per_token(settings.block_size));
+      if (routing)
+        routing->alltoall_seconds = ctx.counters().seconds(runtime::Collective::all_to_all) - alltoall_before;
       m.routing = routing;
       m.comm_bytes = collective_bytes(ctx.counters());
       for (auto& [kind, bytes] : m.comm_bytes) bytes -= bytes_before.at(kind);
