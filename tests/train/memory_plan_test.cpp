@@ -41,6 +41,23 @@ TEST(MemoryPlanTest, StateIsExactFromTheShapesAndShrinksWithFsdp) {
             4 * (four.device.parameters + four.device.gradients + four.device.optimizer) * 6 / 10);
 }
 
+TEST(MemoryPlanTest, MixtralExpertsSplitOverTheExpertAxis) {
+  // mixtral-tiny: per layer, attention 4 x 64 x 64 - 2 x 64 x 32 (GQA) ... counted from the config; each device
+  // holds the router and E / expert of the 4 experts (3 x 64 x 128 each).
+  const std::vector<std::string> tiny = {"model=mixtral-tiny", "global_batch_size=8", "block_size=64"};
+  const int64_t expert = 3 * 64 * 128, all = settings_for(tiny).model.parameter_count();
+  MemoryLayout one{1, 1, 1, 8};
+  MemoryLayout split = one;
+  split.expert = 2;
+  EXPECT_EQ(plan_for(tiny, one).device.parameters, 4 * all);
+  EXPECT_EQ(plan_for(tiny, split).device.parameters, 4 * (all - 2 * 2 * expert));  // 2 layers x 2 experts less
+  EXPECT_NE(plan_for(tiny, split).describe().find("each layer's experts split over expert=2"), std::string::npos);
+  // Each token's k = 2 experts keep their intermediates: more activations than one MLP of the same width.
+  const MemoryPlan dense = plan_for({"model=llama-tiny", "model.intermediate_size=128", "global_batch_size=8",
+                                     "block_size=64"}, one);
+  EXPECT_GT(plan_for(tiny, one).device.activations, dense.device.activations);
+}
+
 TEST(MemoryPlanTest, ActivationsFollowTheMicroBatchAndActivationCheckpointing) {
   const MemoryPlan whole = plan_for(k100m, {1, 1, 1, 8});
   const MemoryPlan halves = plan_for({"model=llama-100m", "block_size=128", "gradient_accumulation_steps=2"},

@@ -27,9 +27,9 @@ inline constexpr int64_t kProcessBytes = int64_t{300} << 20;
 struct MemoryLayout {
   int fsdp = 1;
   int tensor = 1;
-  int expert = 1;  // a Mixtral's experts split over this many devices
   int devices_per_host = 1;
   int64_t rows_per_device = 1;  // of one global batch (before gradient accumulation splits them)
+  int expert = 1;               // a Mixtral's experts split over this many devices
 };
 
 struct DeviceMemory {
