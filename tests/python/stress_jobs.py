@@ -7,14 +7,16 @@ with 8 devices, each job starting, training 2 or 3 steps, saving checkpoints and
   * 1 host x 8 devices, fsdp=8: `train max_steps=2 global_batch_size=8 block_size=64 checkpoint.resume=false`
     (it saves its final checkpoint);
   * 2 hosts x 4 devices, fsdp=4 x dcn fsdp=2, 3 steps saving at every step with keep=2 (step 1 is removed once
-    step 3 is complete); then its step-3 checkpoint is deleted and the same job resumes from step 2 and saves step 3.
+    step 3 is complete); then its step-3 checkpoint is deleted and the same job resumes from step 2 and saves step 3;
+  * 1 host x 8 devices training mixtral-tiny on expert=4 x fsdp=2 (the all-to-alls between device threads), 2 steps.
 Every job must exit 0 within its timeout and leave a complete checkpoint; its output must not contain a sanitizer
 report. All runs are made even after a failure, so the report gives the failure rate and each failed run's tail.
 
 Registered as the ctest `python.stress.SlowTest` (tests/CMakeLists.txt); `make stress` runs 100 (STRESS_RUNS=N).
 Environment:
   MESHTRAIN_BINARY          the meshtrain binary (set by ctest, `make stress`)
-  MESHTRAIN_STRESS_RUNS     1x8 jobs (default 20), and a quarter as many 2x4 save/resume pairs (at least one). On 2
+  MESHTRAIN_STRESS_RUNS     1x8 jobs (default 20), and a quarter as many 2x4 save/resume pairs and Mixtral jobs (at
+                            least one each). On 2
                             cores a 1x8 job takes ~5 s in Release (~15 s under ASan), a 2x4 pair ~15 s (~60 s).
   MESHTRAIN_STRESS_TIMEOUT  seconds one job may take (default 180; a hang is a failure)
 On the code before the fix of the yaml-cpp race (device threads reading one YAML node in TrainingState::for_config),
@@ -127,6 +129,17 @@ class StressTest(unittest.TestCase):
             return problems
 
         self.stress("1 host x 8 devices", RUNS, one_run)
+
+    def test_one_host_eight_devices_mixture_of_experts(self):
+        def one_run(i):
+            out = os.path.join(self.tmp.name, f"moe-{i}")
+            code, _, cmd, output = self.job(1, 8, [*SHORT, "model=mixtral-tiny", "ici_mesh.expert=4", "ici_mesh.fsdp=2",
+                                                   f"output_dir={out}"])
+            problems = self.check(code, cmd, output, out, 2)
+            shutil.rmtree(out, ignore_errors=True)
+            return problems
+
+        self.stress("1 host x 8 devices, Mixtral expert=4 x fsdp=2", max(1, RUNS // 4), one_run)
 
     def test_two_hosts_four_devices_save_and_resume(self):
         mesh = ["global_batch_size=8", "block_size=64", "max_steps=3", "ici_mesh.fsdp=4", "dcn_mesh.fsdp=2",

@@ -70,14 +70,13 @@ int score_command(int argc, char** argv) {
   torch::Tensor logits_BTV = llama.forward(inputs_BT);
   torch::Tensor loss = model::token_cross_entropy(logits_BTV, targets_BT);
   torch::Tensor logprobs_T = model::target_logprobs(logits_BTV, targets_BT).squeeze(0).detach();
-  const model::RouterStats* router = llama.router_stats().get();
-  const std::optional<double> aux_loss = router ? std::optional<double>(router->aux_loss()) : std::nullopt;
+  const model::RouterStats* router = llama.router_stats().get();  // a Mixtral's routing of this sequence
 
   if (!dump_path.empty()) {
     loss.backward();
     std::vector<std::pair<std::string, torch::Tensor>> tensors = {
         {"logits", logits_BTV.detach()}, {"loss", loss.detach()}, {"logprobs", logprobs_T}};
-    if (aux_loss) tensors.emplace_back("aux_loss", torch::tensor(*aux_loss, torch::kFloat64));
+    if (router) tensors.emplace_back("aux_loss", torch::tensor(router->aux_loss(), torch::kFloat64));
     for (const auto& p : llama.named_parameters()) tensors.emplace_back("grad." + p.key(), p.value().grad());
     AtomicFileWriter writer(dump_path);
     model::write_safetensors(writer, tensors);
@@ -88,7 +87,7 @@ int score_command(int argc, char** argv) {
   std::vector<double> logprobs(logprobs_T.data_ptr<float>(), logprobs_T.data_ptr<float>() + logprobs_T.numel());
   if (as_json) {
     nlohmann::json printed = {{"loss", mean_loss}, {"logprobs", logprobs}};
-    if (aux_loss) printed["aux_loss"] = *aux_loss;
+    if (router) printed["aux_loss"] = router->aux_loss();
     std::cout << printed.dump() << "\n";
     return 0;
   }
@@ -102,8 +101,9 @@ int score_command(int argc, char** argv) {
   }
   std::cout << fmt::format("mean loss {:.6f} (perplexity {:.4f}) over {} predicted tokens\n", mean_loss,
                            std::exp(mean_loss), logprobs.size());
-  if (aux_loss) std::cout << fmt::format("load-balancing aux_loss {:.6f} (router_aux_loss_coef {})\n", *aux_loss,
-                                         llama.config().router_aux_loss_coef);
+  if (router)
+    std::cout << fmt::format("load-balancing aux_loss {:.6f} (router_aux_loss_coef {})\n", router->aux_loss(),
+                             llama.config().router_aux_loss_coef);
   return 0;
 }
 

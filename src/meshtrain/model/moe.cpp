@@ -103,13 +103,12 @@ MixtralSparseMoe::MixtralSparseMoe(const LlamaConfig& config, std::shared_ptr<Ro
 }
 
 void MixtralSparseMoe::keep_experts(int64_t first, int64_t count) {
-  MT_CHECK(first_expert_ == 0 && static_cast<int64_t>(experts_.size()) == num_experts_ && first >= 0 && count >= 1 &&
+  MT_CHECK(static_cast<int64_t>(experts_.size()) == num_experts_ && first >= 0 && count >= 1 &&
                first + count <= num_experts_,
            "keep_experts({}, {}) on a block of {} experts", first, count, num_experts_);
   for (int64_t e = 0; e < num_experts_; ++e)
     if (e < first || e >= first + count) expert_modules_->unregister_module(std::to_string(e));
   experts_ = std::vector<std::shared_ptr<MixtralExpert>>(experts_.begin() + first, experts_.begin() + first + count);
-  first_expert_ = first;
 }
 
 void MixtralSparseMoe::shard_over_tensor(int size, TensorGroupStep enter, TensorGroupStep exit) {

@@ -97,7 +97,7 @@ class MixtralSparseMoe : public torch::nn::Module {
   MixtralSparseMoe(const LlamaConfig& config, std::shared_ptr<RouterStats> stats);
   torch::Tensor forward(const torch::Tensor& x_BTD);
 
-  // Runs the local experts on rows grouped by local expert (rows_per_local_expert[j] rows of first_expert() + j).
+  // Runs the local experts on rows grouped by local expert (rows_per_local_expert[j] rows of the j-th one kept).
   torch::Tensor run_local_experts(const torch::Tensor& x_RD, const std::vector<int64_t>& rows_per_local_expert);
 
   // Keeps experts [first, first + count) only (their modules keep their global names, `experts.<e>`).
@@ -109,7 +109,6 @@ class MixtralSparseMoe : public torch::nn::Module {
   // 0: dropless; c > 0: each expert takes at most ceil(c * N * k / E) slots of a forward pass.
   void set_capacity_factor(double factor) { capacity_factor_ = factor; }
 
-  int64_t first_expert() const { return first_expert_; }
   const std::vector<std::shared_ptr<MixtralExpert>>& experts() const { return experts_; }
 
   std::shared_ptr<DenseLinear> gate;  // the router, [E, D]
@@ -120,7 +119,6 @@ class MixtralSparseMoe : public torch::nn::Module {
   std::shared_ptr<RouterStats> stats_;
   std::shared_ptr<torch::nn::Module> expert_modules_;  // registered as "experts": children "<e>"
   std::vector<std::shared_ptr<MixtralExpert>> experts_;
-  int64_t first_expert_ = 0;
   ExpertExchange exchange_;
   TensorGroupStep tensor_enter_, tensor_exit_;
 };

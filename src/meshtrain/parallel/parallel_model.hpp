@@ -65,13 +65,11 @@ class ParallelModel {
   // The devices that hold other rows of the batch: (data, fsdp), and expert when the mesh has expert > 1 (the sums
   // of losses and routing statistics run over it).
   runtime::Comm& batch_comm() { return batch_comm_; }
+  // (A Mixtral's routing of the last loss_sum, over the global batch: model().router_stats().)
 
   // The training loss of this device's int64 tokens: the sum of the token cross entropies of targets_BT (fp32
   // scalar), the head's loss fused and chunked (the logits never whole). Without grad mode it only evaluates.
   at::Tensor loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT);
-  // The routing of the last loss_sum pass over the global batch (a Mixtral; null for a dense Llama).
-  const model::RouterStats* router_stats() const { return model_->router_stats().get(); }
-
   // After loss.backward(): reduce-scatters the embedding's gradients (the others' were during the backward).
   void finish_backward();
   // After the last micro-batch of a step: all-reduces every gradient shard over `data`.
