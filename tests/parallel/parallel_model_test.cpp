@@ -197,27 +197,35 @@ TEST(ParallelModelTest, FsdpShardsShrinkWithTheDegree) {
   EXPECT_LE(shard_elements[4], total / 4 + 16);
 }
 
-TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
-  // Whole tensors out of fsdp=2 x tensor=2 (perturbed so they differ from a fresh init), shards back in on fsdp=4.
+// The whole tensors of a model sharded on `mesh` (every shard times 1.5, so they differ from a fresh init), assembled
+// on device 0; checked against the whole model initialized on one device.
+std::map<std::string, at::Tensor> perturbed_whole_tensors(const mesh::Mesh& mesh, bool moe) {
   std::map<std::string, at::Tensor> saved;
   std::mutex mutex;
-  expect_no_failures(run_on_all_devices(ici(1, 2, 2), [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm = sharded_model(ctx);
+  expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
+    ParallelModel pm = sharded_model(ctx, {}, false, moe);
     for (at::Tensor& s : pm.parameter_shards()) s.mul_(1.5);
     std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(ctx, pm, pm.parameter_shards());
     std::lock_guard<std::mutex> lock(mutex);
     if (ctx.device() == 0) saved = whole;
   }));
-  auto expected = fresh_model();
+  auto expected = fresh_model(false, moe);
+  EXPECT_EQ(saved.size(), expected->named_parameters().size());
   for (const auto& p : expected->named_parameters()) {
-    ASSERT_TRUE(saved.count(p.key())) << p.key();
-    EXPECT_TRUE(at::allclose(saved[p.key()], p.value() * 1.5)) << p.key();
+    EXPECT_TRUE(saved.count(p.key()) && at::allclose(saved[p.key()], p.value() * 1.5)) << p.key();
   }
-  // Loaded on fsdp=4 and assembled again, each tensor on another device (i mod 4).
+  return saved;
+}
+
+// `saved` loaded as shards on a 4-device `mesh` and assembled again, tensor i on device i mod 4; each device's
+// point-to-point bytes in `sent_bytes`.
+std::map<std::string, at::Tensor> reassembled_on(const mesh::Mesh& mesh, const std::map<std::string, at::Tensor>& saved,
+                                                 bool moe, std::vector<int64_t>& sent_bytes) {
   std::map<std::string, at::Tensor> reassembled;
-  std::vector<int64_t> sent_bytes(4);
-  expect_no_failures(run_on_all_devices(ici(1, 4, 1), [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm = sharded_model(ctx);
+  std::mutex mutex;
+  sent_bytes.assign(mesh.num_devices(), 0);
+  expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
+    ParallelModel pm = sharded_model(ctx, {}, false, moe);
     std::vector<at::Tensor> shards = pm.parameter_shards();
     pm.load_shards(shards, model::slices_of_whole_tensors([&](const std::string& name) { return saved.at(name); }));
     pm.assemble_whole_tensors(pm.parameter_shards(), [](size_t i) { return static_cast<int>(i % 4); },
@@ -228,8 +236,17 @@ TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
     sent_bytes[ctx.device()] = ctx.counters().bytes(runtime::Collective::point_to_point);
     ctx.world().barrier();  // as in whole_tensors_on_device_0
   }));
-  ASSERT_EQ(reassembled.size(), saved.size());
-  for (const auto& [name, whole] : saved) EXPECT_TRUE(at::equal(reassembled.at(name), whole)) << name;
+  EXPECT_EQ(reassembled.size(), saved.size());
+  for (const auto& [name, whole] : saved)
+    EXPECT_TRUE(reassembled.count(name) && at::equal(reassembled.at(name), whole)) << name;
+  return reassembled;
+}
+
+TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
+  // Whole tensors out of fsdp=2 x tensor=2, shards back in on fsdp=4 and assembled again.
+  const std::map<std::string, at::Tensor> saved = perturbed_whole_tensors(ici(1, 2, 2), false);
+  std::vector<int64_t> sent_bytes;
+  reassembled_on(ici(1, 4, 1), saved, false, sent_bytes);
   // Each piece crossed the network once at most: the model's bytes, less the pieces each owner held itself.
   const int64_t model_bytes = tiny_config().parameter_count() * static_cast<int64_t>(sizeof(float));
   const int64_t total_sent = sent_bytes[0] + sent_bytes[1] + sent_bytes[2] + sent_bytes[3];
@@ -250,35 +267,10 @@ TEST(ParallelModelTest, ExpertWithFsdpAndCheckpointingMatchesOneDevice) {
 }
 
 TEST(ParallelModelTest, ExpertsSavedOnOneLayoutLoadOnAnother) {
-  // Whole tensors out of expert=2 x fsdp=2 (perturbed), shards back in on expert=4, then out again.
-  std::map<std::string, at::Tensor> saved, reassembled;
-  std::mutex mutex;
-  expect_no_failures(run_on_all_devices(ici(1, 2, 1, 1, 2), [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm = sharded_model(ctx, {}, false, true);
-    for (at::Tensor& s : pm.parameter_shards()) s.mul_(1.5);
-    std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(ctx, pm, pm.parameter_shards());
-    std::lock_guard<std::mutex> lock(mutex);
-    if (ctx.device() == 0) saved = whole;
-  }));
-  auto expected = fresh_model(false, true);
-  ASSERT_EQ(saved.size(), expected->named_parameters().size());
-  for (const auto& p : expected->named_parameters()) {
-    ASSERT_TRUE(saved.count(p.key())) << p.key();
-    EXPECT_TRUE(at::allclose(saved[p.key()], p.value() * 1.5)) << p.key();
-  }
-  expect_no_failures(run_on_all_devices(ici(1, 1, 1, 1, 4), [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm = sharded_model(ctx, {}, false, true);
-    std::vector<at::Tensor> shards = pm.parameter_shards();
-    pm.load_shards(shards, model::slices_of_whole_tensors([&](const std::string& name) { return saved.at(name); }));
-    pm.assemble_whole_tensors(pm.parameter_shards(), [](size_t i) { return static_cast<int>(i % 4); },
-                              [&](size_t, const std::string& name, const at::Tensor& whole) {
-                                std::lock_guard<std::mutex> lock(mutex);
-                                reassembled[name] = whole;
-                              });
-    ctx.world().barrier();
-  }));
-  ASSERT_EQ(reassembled.size(), saved.size());
-  for (const auto& [name, whole] : saved) EXPECT_TRUE(at::equal(reassembled.at(name), whole)) << name;
+  // Whole tensors out of expert=2 x fsdp=2, shards back in on expert=4 and assembled again.
+  const std::map<std::string, at::Tensor> saved = perturbed_whole_tensors(ici(1, 2, 1, 1, 2), true);
+  std::vector<int64_t> sent_bytes;
+  reassembled_on(ici(1, 1, 1, 1, 4), saved, true, sent_bytes);
 }
 
 TEST(ParallelModelTest, ExpertAxisNeedsExpertsThatSplit) {
