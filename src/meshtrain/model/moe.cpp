@@ -5,7 +5,6 @@
 #include "meshtrain/common/error.hpp"
 
 #include <cmath>
-#include <numeric>
 
 namespace meshtrain::model {
 namespace {
@@ -36,7 +35,6 @@ RouterStats::RouterStats(int64_t num_experts, int64_t experts_per_token, double 
 
 void RouterStats::begin_forward() {
   closed_ = false;
-  layers_ = 0;
   dropped_ = 0;
   routed_E_ = at::zeros({num_experts_}, at::kDouble);
   probability_sums_E_ = at::zeros({num_experts_}, at::kDouble);
@@ -45,7 +43,6 @@ void RouterStats::begin_forward() {
 void RouterStats::add_layer(const at::Tensor& routed_slots_E, const at::Tensor& probability_sums_E,
                             int64_t dropped_slots) {
   if (closed_) return;
-  ++layers_;
   routed_E_ += routed_slots_E.to(at::kDouble);
   probability_sums_E_ += probability_sums_E.detach().to(at::kDouble);
   dropped_ += static_cast<double>(dropped_slots);
@@ -61,21 +58,24 @@ void RouterStats::close(const std::function<void(at::Tensor&)>& sum_over_batch) 
   closed_ = true;
 }
 
+double RouterStats::layer_tokens() const {
+  return routed_E_.sum().item<double>() / static_cast<double>(experts_per_token_);
+}
+
 at::Tensor RouterStats::probability_gradient() const {
   MT_CHECK(closed_, "the load-balancing gradient is asked for before the forward pass ended (RouterStats::close)");
-  const double layer_tokens = routed_E_.sum().item<double>() / static_cast<double>(experts_per_token_);
-  if (layer_tokens == 0) return at::zeros({num_experts_}, at::kFloat);
-  const double scale = objective_weight_ * aux_loss_coef_ * static_cast<double>(num_experts_) /
-                       (layer_tokens * layer_tokens);
+  const double tokens = layer_tokens();
+  if (tokens == 0) return at::zeros({num_experts_}, at::kFloat);
+  const double scale = objective_weight_ * aux_loss_coef_ * static_cast<double>(num_experts_) / (tokens * tokens);
   return (routed_E_ * scale).to(at::kFloat);
 }
 
 double RouterStats::aux_loss() const {
   MT_CHECK(closed_, "the load-balancing loss is asked for before the forward pass ended (RouterStats::close)");
-  const double layer_tokens = routed_E_.sum().item<double>() / static_cast<double>(experts_per_token_);
-  if (layer_tokens == 0) return 0;
+  const double tokens = layer_tokens();
+  if (tokens == 0) return 0;
   return static_cast<double>(num_experts_) * (routed_E_ * probability_sums_E_).sum().item<double>() /
-         (layer_tokens * layer_tokens);
+         (tokens * tokens);
 }
 
 double RouterStats::dropped_fraction() const {
@@ -144,6 +144,7 @@ torch::Tensor MixtralSparseMoe::forward(const torch::Tensor& x_BTD) {
   const int64_t N = x_ND.size(0);
   const torch::Tensor logits_NE = torch::matmul(x_ND.to(torch::kFloat32), gate->weight.t());
   const torch::Tensor probs_NE = torch::softmax(logits_NE, -1);
+  const torch::Tensor probability_sums_E = probs_NE.sum(0);  // for the load-balancing loss and its gradient
   auto [top_probs_NK, experts_NK] = probs_NE.topk(K, -1);
   const torch::Tensor weights_NK = top_probs_NK / top_probs_NK.sum(-1, /*keepdim=*/true);
 
@@ -164,7 +165,7 @@ torch::Tensor MixtralSparseMoe::forward(const torch::Tensor& x_BTD) {
     kept_E = routed_E.clamp_max(capacity);
     dropped = N * K - order_S.size(0);
   }
-  stats_->add_layer(routed_E, probs_NE.sum(0), dropped);
+  stats_->add_layer(routed_E, probability_sums_E, dropped);
 
   const torch::Tensor tokens_S = order_S.div(K, "floor");
   const torch::Tensor expert_input_ND = tensor_enter_ ? tensor_enter_(x_ND) : x_ND;
@@ -174,8 +175,8 @@ torch::Tensor MixtralSparseMoe::forward(const torch::Tensor& x_BTD) {
   if (tensor_exit_) y_SD = tensor_exit_(y_SD);  // whole before the routing weights multiply it (their gradient)
   const torch::Tensor weights_S = weights_NK.reshape({-1}).index_select(0, order_S).to(y_SD.scalar_type());
   torch::Tensor out_ND = torch::zeros_like(x_ND).index_add(0, tokens_S, y_SD * weights_S.unsqueeze(1));
-  if (torch::GradMode::is_enabled() && probs_NE.requires_grad())
-    out_ND = LoadBalancingGradient::apply(out_ND, probs_NE.sum(0), stats_.get());
+  if (torch::GradMode::is_enabled() && probability_sums_E.requires_grad())
+    out_ND = LoadBalancingGradient::apply(out_ND, probability_sums_E, stats_.get());
   return out_ND.view(x_BTD.sizes());
 }
 

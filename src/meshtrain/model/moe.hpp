@@ -68,10 +68,12 @@ class RouterStats {
   int64_t num_experts() const { return num_experts_; }
 
  private:
+  // Layers x tokens of the forward pass: every token routes k slots in each layer.
+  double layer_tokens() const;
+
   int64_t num_experts_, experts_per_token_;
   double aux_loss_coef_, objective_weight_ = 1.0;
   bool closed_ = false;
-  int64_t layers_ = 0;
   at::Tensor routed_E_, probability_sums_E_;  // double
   double dropped_ = 0;
 };

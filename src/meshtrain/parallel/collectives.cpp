@@ -74,7 +74,8 @@ at::Tensor exchange_rows(const at::Tensor& x, const std::vector<int64_t>& send_r
   }
   MT_CHECK(send_offset == x.size(0), "all_to_all_rows: the send counts add up to {}, x has {} rows", send_offset,
            x.size(0));
-  if (!sends.empty() || !receives.empty()) comm.exchange(sends, receives, kAllToAllRowsTag, runtime::Collective::all_to_all);
+  if (!sends.empty() || !receives.empty())
+    comm.exchange(sends, receives, kAllToAllRowsTag, runtime::Collective::all_to_all);
   return out;
 }
 

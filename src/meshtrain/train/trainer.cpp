@@ -267,9 +267,8 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
         if (routing) {  // the global batch's routing (replicated rows counted once)
           routing->aux_loss += router_stats->aux_loss() / static_cast<double>(settings.micro_batches);
           routing->dropped_fraction += router_stats->dropped_fraction() / static_cast<double>(settings.micro_batches);
-          const at::Tensor& routed_E = router_stats->routed_slots();
-          for (int64_t e = 0; e < routed_E.numel(); ++e)
-            routing->expert_load[e] += routed_E[e].item<double>() / replicas;
+          const double* routed_E = router_stats->routed_slots().data_ptr<double>();
+          for (size_t e = 0; e < routing->expert_load.size(); ++e) routing->expert_load[e] += routed_E[e] / replicas;
         }
         (loss_sum / (static_cast<double>(global_tokens) * replicas)).backward();
         parallel_model.finish_backward();
