@@ -1,9 +1,13 @@
-// comm_test.cpp — Comm on one device (the solo path every single-device run takes) and the collective counters.
-// Multi-device results are checked across real host processes in multihost_test.cpp.
+// comm_test.cpp — Comm on one device (the solo path every single-device run takes), the collective counters, and
+// how a group that cannot form fails. Multi-device results are checked across real host processes in
+// multihost_test.cpp.
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/runtime/device_context.hpp"
+#include "meshtrain/runtime/host_runtime.hpp"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 namespace meshtrain::runtime {
 namespace {
@@ -68,6 +72,23 @@ TEST(DeviceProgressTest, ReportsTheStepAndWhenItWasReached) {
   progress.report(5);
   EXPECT_EQ(progress.step(), 5);
   EXPECT_LT(progress.seconds_since_progress(), 1.0);
+}
+
+// A peer (or the coordinator) that dies while a group forms must end the device like a failed collective
+// (CollectiveError: the host runtime then waits for its watchdog to name the cause), not as a failure of its own.
+TEST(CommTest, AGroupWhosePeerNeverComesFailsAsACollectiveNamingTheGroup) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(std::chrono::milliseconds(300));
+  auto factory = gloo_group_factory(store, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
+                                    std::make_shared<CollectiveCounters>(), 0.3);
+  try {
+    factory("fsdp", "fsdp/0", {0, 1}, 0);  // rank 1 never joins
+    FAIL() << "a group of 2 formed with 1 member";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("forming the group over fsdp (2 devices, rank 0) failed in the transport"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

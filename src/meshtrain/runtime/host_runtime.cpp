@@ -64,8 +64,16 @@ DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> s
     auto options = c10d::ProcessGroupGloo::Options::create(to_ms(collective_timeout_s));
     options->devices.push_back(gloo_device);
     options->threads = 1;
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, static_cast<int>(members.size()), options);
-    return Comm(label, group, counters);
+    try {
+      auto group =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, static_cast<int>(members.size()), options);
+      return Comm(label, group, counters);
+    } catch (const std::exception& e) {
+      // Forming a group talks to the coordinator's store and to every member: when that fails, it is most likely
+      // because a peer or the coordinator died, so it ends like a failed collective (the watchdog names the cause).
+      throw CollectiveError(fmt::format("forming the group over {} ({} devices, rank {}) failed in the transport: {}",
+                                        label, members.size(), rank, e.what()));
+    }
   };
 }
 
