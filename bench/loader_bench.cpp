@@ -3,6 +3,10 @@
 //
 //   build-dir/bench/loader_bench [--dataset moby-dick-byte] [--global-batch-size 64] [--block-size 1024] [--hosts 2]
 //                                [--devices-per-host 4] [--threads 2] [--prefetch 2] [--batches 200] [--runs 5]
+//                                [--random-tokens N]
+//
+// --random-tokens N reads, instead of --dataset, a shard of N random uint16 tokens written to a scratch folder first
+// (removed at the end): with N x 2 bytes well above the CPU caches, memcpy runs at memory speed, as on a real corpus.
 //
 // Host 0's rows of a job of `hosts` x `devices-per-host` devices with the batch over fsdp (every host reads
 // global_batch_size / hosts rows). Each side reads the same global batches (same seed) after a warm-up; the median
@@ -15,6 +19,7 @@
 #include "meshtrain/data/host_loader.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh.hpp"
+#include "meshtrain/tokens/shard_writer.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -24,6 +29,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <vector>
 
@@ -42,6 +49,32 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// Writes `total` random uint16 tokens (documents of 4096) as a one-shard directory in a fresh scratch folder.
+std::filesystem::path write_random_shard(uint64_t total) {
+  char scratch[] = "/tmp/meshtrain-loader-bench-XXXXXX";
+  MT_USER_CHECK(::mkdtemp(scratch) != nullptr, "cannot create a scratch folder under /tmp");
+  const std::filesystem::path dir = scratch;
+  tokens::ShardIndex index;
+  index.tokenizer = {"random", "byte", "random:65536", 65536, -1};
+  index.token_bytes = 2;
+  tokens::ShardWriter writer(dir / "shard_00000.tok", 2, "random", "random:65536");
+  std::vector<uint32_t> document(4096);
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (uint64_t done = 0; done < total; done += document.size()) {
+    document.resize(std::min<uint64_t>(4096, total - done));
+    for (uint32_t& id : document) {  // xorshift64
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      id = static_cast<uint32_t>(state >> 48);
+    }
+    writer.append_document(document.data(), document.size());
+  }
+  index.shards.push_back(writer.finish());
+  index.total_tokens = index.shards.back().tokens;
+  index.total_documents = index.shards.back().documents;
+  std::ofstream(dir / tokens::kIndexFileName) << tokens::index_to_json(index);
+  return dir;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,6 +82,7 @@ int main(int argc, char** argv) {
   std::string dataset_name = "moby-dick-byte";
   int64_t global_batch_size = 64, block_size = 1024;
   int hosts = 2, devices_per_host = 4, threads = 2, prefetch = 2, batches = 200, runs = 5;
+  uint64_t random_tokens = 0;
   app.add_option("--dataset", dataset_name, "token-shard directory or name under assets/shards")->capture_default_str();
   app.add_option("--global-batch-size", global_batch_size)->capture_default_str();
   app.add_option("--block-size", block_size)->capture_default_str();
@@ -58,7 +92,10 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch", prefetch, "steps read ahead = DataLoader prefetch_factor")->capture_default_str();
   app.add_option("--batches", batches, "batches per timed run")->capture_default_str();
   app.add_option("--runs", runs)->capture_default_str();
+  app.add_option("--random-tokens", random_tokens, "read a scratch shard of this many random tokens instead");
   CLI11_PARSE(app, argc, argv);
+  std::filesystem::path scratch;
+  if (random_tokens > 0) dataset_name = (scratch = write_random_shard(random_tokens)).string();
 
   const uint64_t seed = 42;
   auto dataset = std::make_shared<const data::TokenDataset>(data::TokenDataset::resolve(dataset_name), block_size);
@@ -76,7 +113,7 @@ int main(int argc, char** argv) {
              token_bytes, dataset->num_samples(), block_size, hosts, devices_per_host, rows, batches, runs);
 
   // memcpy: the same rows' token bytes, from the same mapping, offsets computed beforehand.
-  const tokens::ShardDirectory shards = tokens::ShardDirectory::open(dataset->path(), {"", false});
+  const tokens::ShardDirectory shards = tokens::ShardDirectory::open(dataset->path(), {"", tokens::PayloadCheck::never});
   MT_USER_CHECK(shards.shards().size() == 1, "the memcpy baseline reads one shard; {} has {}",
                 dataset->path().string(), shards.shards().size());
   const uint8_t* stream = static_cast<const uint8_t*>(shards.shards()[0].tokens());
@@ -128,6 +165,7 @@ int main(int argc, char** argv) {
     fmt::print("{:<46} {:>9.1f} M tokens/s {:>7.2f} GB/s\n", name, tokens_per_s / 1e6,
                tokens_per_s / tokens_per_batch * bytes_per_batch / 1e9);
   };
+  if (!scratch.empty()) std::filesystem::remove_all(scratch);
   line("memcpy of the same bytes (1 thread)", memcpy_rate);
   line(fmt::format("meshtrain host loader ({} threads)", threads), loader);
   line("meshtrain host loader (1 thread)", loader_one_thread);

@@ -4,9 +4,14 @@
 //   build-dir/model_step_bench [--model llama-100m] [--batch 4] [--seq 256] [--threads 2] [--dtype bf16] [--steps 3]
 //
 // A step is forward, cross-entropy loss, backward and an AdamW update on random tokens; the first step of each side
-// warms up and is not timed. Prints tokens/s of both, the ratio meshtrain / PyTorch, and MFU.
+// warms up and is not timed. meshtrain's side runs what its trainer runs on one device: the process memory set-up of
+// the `meshtrain` binary (runtime/block_cache_allocator.hpp), the fused head loss (no [B, T, V] logits) and its own
+// AdamW; the peer is what a PyTorch user writes (full logits, F.cross_entropy, torch.optim.AdamW). Prints tokens/s
+// of both, the ratio meshtrain / PyTorch, and MFU.
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
+#include "meshtrain/runtime/block_cache_allocator.hpp"
+#include "meshtrain/train/adamw.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -19,6 +24,7 @@
 using namespace meshtrain;
 
 int main(int argc, char** argv) {
+  if (!runtime::set_up_process_memory()) return 2;
   CLI::App app{"meshtrain Llama training step vs PyTorch eager (Python) on the same model and batch"};
   std::string model_name = "llama-100m", dtype_name = "bf16";
   int64_t batch = 4, seq = 256;
@@ -38,16 +44,21 @@ int main(int argc, char** argv) {
   model::LlamaForCausalLM llama(config);
   model::initialize_parameters(llama, 0);
   llama.set_compute_dtype(dtype);
-  torch::optim::AdamW optimizer(llama.parameters(), torch::optim::AdamWOptions(1e-4));
+  const std::vector<torch::Tensor> parameters = llama.parameters();
+  train::AdamWOptions adamw;  // torch.optim.AdamW's defaults, as the peer's
+  adamw.learning_rate = 1e-4;
+  train::AdamW optimizer(adamw, parameters);
   torch::Tensor tokens = torch::randint(config.vocab_size, {batch, seq + 1}, torch::kInt64);
   torch::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
   double timed = 0, loss = 0;
   for (int step = 0; step <= steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
-    torch::Tensor l = model::token_cross_entropy(llama.forward(inputs), targets);
-    optimizer.zero_grad();
+    for (const torch::Tensor& p : parameters) p.mutable_grad().reset();
+    torch::Tensor l = llama.loss_sum(inputs, targets) / static_cast<double>(batch * seq);
     l.backward();
-    optimizer.step();
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : parameters) grads.push_back(p.grad());
+    optimizer.step(grads, adamw.learning_rate);
     loss = l.item<double>();
     if (step) timed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

@@ -19,7 +19,6 @@ using mesh::Axis;
 using testing::expect_no_failures;
 using testing::run_on_all_devices;
 
-mesh::AxisSizes sizes(int data, int fsdp, int tensor, int expert) { return testing::axis_sizes(data, fsdp, tensor, expert); }
 
 // The global tensor [rows, cols, depth] holding 0, 1, 2, ...
 at::Tensor counting(const Shape& shape) {
@@ -38,7 +37,7 @@ at::Tensor host_local_part(const mesh::Mesh& mesh, const at::Tensor& full, const
 
 TEST(GlobalTensorTest, FromHostLocalCutsEachDevicesShardOutOfItsHostsData) {
   // Multi-slice mesh, 3-D tensor, dimension 0 over (fsdp, data) and dimension 2 over tensor: no devices needed.
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 2, 2, 1), sizes(2, 1, 1, 1), 4, 2);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 2, 2, 1), testing::axis_sizes(2, 1, 1, 1), 4, 2);
   const at::Tensor full = counting({8, 3, 4});
   const PartitionSpec spec = PartitionSpec::parse("(fsdp,data), None, tensor");
   for (int host = 0; host < mesh.hosts(); ++host) {
@@ -52,7 +51,7 @@ TEST(GlobalTensorTest, FromHostLocalCutsEachDevicesShardOutOfItsHostsData) {
 }
 
 TEST(GlobalTensorTest, FromHostLocalRejectsDataOfTheWrongShape) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 8, 1, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   try {
     GlobalTensor::from_host_local(mesh, 5, {8, 16}, PartitionSpec::parse("fsdp, None"), at::zeros({8, 16}, at::kInt));
     FAIL() << "expected a UserError";
@@ -63,7 +62,7 @@ TEST(GlobalTensorTest, FromHostLocalRejectsDataOfTheWrongShape) {
 }
 
 TEST(GlobalTensorTest, PlacementAndTypeStrings) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 8, 1, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   const GlobalTensor tensor =
       GlobalTensor::from_global(mesh, 3, counting({8, 4096}), PartitionSpec::sharded_rows(2, {Axis::data, Axis::fsdp}));
   EXPECT_EQ(tensor.type_string(), "i32[8@(data,fsdp), 4096]");
@@ -81,7 +80,7 @@ TEST(GlobalTensorTest, ShardHashSeesValuesAndShape) {
 }
 
 TEST(GlobalTensorTest, SingleDeviceGatherIsTheShardWithoutCommunication) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 1, 1, 1), sizes(1, 1, 1, 1), 1, 1);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 1, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 1);
   runtime::DeviceContext ctx = runtime::make_single_device_context(mesh);
   const GlobalTensor tensor = GlobalTensor::from_global(mesh, 0, counting({4, 2}), PartitionSpec::parse("fsdp, None"));
   EXPECT_TRUE(at::equal(tensor.gather(ctx), counting({4, 2})));
@@ -90,14 +89,14 @@ TEST(GlobalTensorTest, SingleDeviceGatherIsTheShardWithoutCommunication) {
 }
 
 TEST(GlobalTensorTest, CheckGlobalTensorsPassesOnOneDevice) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 1, 1, 1), sizes(1, 1, 1, 1), 1, 1);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 1, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 1);
   runtime::DeviceContext ctx = runtime::make_single_device_context(mesh);
   check_global_tensors(ctx);
 }
 
 TEST(GlobalTensorTest, BuildIsFreeAndGatherRoundTripsOnEightDevices) {
   // The seed's scenario: 2 hosts x 4 devices, fsdp=8, batch [8, 6] over (data, fsdp).
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 8, 1, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   const at::Tensor full = counting({8, 6});
   const PartitionSpec spec = PartitionSpec::sharded_rows(2, {Axis::data, Axis::fsdp});
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
@@ -113,7 +112,7 @@ TEST(GlobalTensorTest, BuildIsFreeAndGatherRoundTripsOnEightDevices) {
 
 TEST(GlobalTensorTest, RedistributesBetweenSpecsOnAMultiSliceMesh) {
   // 2 slices over data x (fsdp=2, tensor=2): every change of spec must give the shard from_global gives.
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 2, 2, 1), sizes(2, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 2, 2, 1), testing::axis_sizes(2, 1, 1, 1), 2, 4);
   const at::Tensor full = counting({8, 4, 2});
   const std::vector<std::pair<std::string, std::string>> changes = {
       {"(data,fsdp), None, None", "None, None, None"},   // shard -> replicate
@@ -134,7 +133,7 @@ TEST(GlobalTensorTest, RedistributesBetweenSpecsOnAMultiSliceMesh) {
 }
 
 TEST(GlobalTensorTest, ReplicateToShardAndShardToFinerShardDoNotCommunicate) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(2, 2, 1, 1), sizes(1, 1, 1, 1), 1, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(2, 2, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 4);
   const at::Tensor full = counting({4, 4});
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     GlobalTensor::from_global(mesh, ctx.device(), full, PartitionSpec::parse("None, None"))
@@ -147,7 +146,7 @@ TEST(GlobalTensorTest, ReplicateToShardAndShardToFinerShardDoNotCommunicate) {
 }
 
 TEST(GlobalTensorTest, PartialToReplicateSumsAndReplicateToPartialKeepsTheSum) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 2, 2, 1), sizes(1, 1, 1, 1), 1, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 2, 2, 1), testing::axis_sizes(1, 1, 1, 1), 1, 4);
   const at::Tensor full = counting({4, 3});
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     // Rows over fsdp, a pending sum over tensor: the device at tensor=t holds (t + 1) x its rows.
@@ -167,7 +166,7 @@ TEST(GlobalTensorTest, PartialToReplicateSumsAndReplicateToPartialKeepsTheSum) {
 
 TEST(GlobalTensorTest, ReplicaCheckNamesTheCorruptedDeviceOnEveryReplica) {
   // Rows over fsdp, replicas along tensor: devices 2k and 2k+1 must agree. Device 5 corrupts its copy.
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 4, 2, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 4, 2, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   const at::Tensor full = counting({8, 4});
   const PartitionSpec spec = PartitionSpec::parse("fsdp, None");
   const std::vector<std::string> failures = run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
@@ -190,7 +189,7 @@ TEST(GlobalTensorTest, ReplicaCheckNamesTheCorruptedDeviceOnEveryReplica) {
 }
 
 TEST(GlobalTensorTest, CheckGlobalTensorsPassesOnTwoSimulatedHostsOfFourDevices) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 2, 2, 1), sizes(1, 2, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 2, 2, 1), testing::axis_sizes(1, 2, 1, 1), 2, 4);
   expect_no_failures(run_on_all_devices(mesh, [](runtime::DeviceContext& ctx) { check_global_tensors(ctx); }));
 }
 

@@ -3,6 +3,8 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/sharding/spec.hpp"
 
+#include "simulated_devices.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,17 +20,16 @@ mesh::Mesh make_mesh(mesh::AxisSizes ici, mesh::AxisSizes dcn, int hosts, int de
   return mesh::Mesh::create(ici, dcn, hosts, devices_per_host);
 }
 
-mesh::AxisSizes sizes(int data, int fsdp, int tensor, int expert) { return mesh::AxisSizes{{data, fsdp, tensor, expert}}; }
 
 // The meshes the brute-force checks run on: single device, one host, several hosts, several slices.
 std::vector<mesh::Mesh> test_meshes() {
   return {
-      make_mesh(sizes(1, 1, 1, 1), sizes(1, 1, 1, 1), 1, 1),
-      make_mesh(sizes(1, 8, 1, 1), sizes(1, 1, 1, 1), 2, 4),
-      make_mesh(sizes(2, 2, 2, 1), sizes(1, 1, 1, 1), 2, 4),
-      make_mesh(sizes(1, 4, 1, 1), sizes(2, 1, 1, 1), 2, 4),  // two slices over data
-      make_mesh(sizes(1, 2, 2, 1), sizes(1, 2, 1, 2), 4, 4),  // four slices over fsdp x expert
-      make_mesh(sizes(1, 1, 2, 3), sizes(1, 1, 1, 1), 3, 2),
+      make_mesh(testing::axis_sizes(1, 1, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 1),
+      make_mesh(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4),
+      make_mesh(testing::axis_sizes(2, 2, 2, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4),
+      make_mesh(testing::axis_sizes(1, 4, 1, 1), testing::axis_sizes(2, 1, 1, 1), 2, 4),  // two slices over data
+      make_mesh(testing::axis_sizes(1, 2, 2, 1), testing::axis_sizes(1, 2, 1, 2), 4, 4),  // four slices over fsdp x expert
+      make_mesh(testing::axis_sizes(1, 1, 2, 3), testing::axis_sizes(1, 1, 1, 1), 3, 2),
   };
 }
 
@@ -97,7 +98,7 @@ TEST(PartitionSpecTest, ReplicaAxesAreTheUnusedOnes) {
 }
 
 TEST(CheckSpecTest, NonDivisibleDimensionNamesDimensionSizeAxesAndProduct) {
-  const mesh::Mesh mesh = make_mesh(sizes(2, 4, 1, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = make_mesh(testing::axis_sizes(2, 4, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   try {
     check_spec(mesh, {6, 4096}, PartitionSpec::parse("(data,fsdp), None"));
     FAIL() << "expected a UserError";
@@ -109,7 +110,7 @@ TEST(CheckSpecTest, NonDivisibleDimensionNamesDimensionSizeAxesAndProduct) {
 }
 
 TEST(CheckSpecTest, RejectsWrongRankAndRepeatedAxes) {
-  const mesh::Mesh mesh = make_mesh(sizes(1, 2, 1, 1), sizes(1, 1, 1, 1), 1, 2);
+  const mesh::Mesh mesh = make_mesh(testing::axis_sizes(1, 2, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 2);
   EXPECT_THROW(check_spec(mesh, {4, 4}, PartitionSpec::parse("fsdp")), UserError);
   EXPECT_THROW(check_spec(mesh, {4, 4}, PartitionSpec::parse("fsdp, fsdp")), UserError);
   PartitionSpec partial_twice = PartitionSpec::parse("fsdp, None");
@@ -173,7 +174,7 @@ TEST(HostLocalLayoutTest, HoldsExactlyTheIndicesTheHostsDevicesNeed) {
 
 TEST(HostLocalLayoutTest, SeedScenarioEachHostReadsItsFourRows) {
   // 2 hosts x 4 devices, fsdp=8, batch [8, 4096] over (data, fsdp): device k holds row k.
-  const mesh::Mesh mesh = make_mesh(sizes(1, 8, 1, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = make_mesh(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   const PartitionSpec spec = PartitionSpec::sharded_rows(2, {Axis::data, Axis::fsdp});
   for (int device = 0; device < 8; ++device)
     EXPECT_EQ(shard_bounds(mesh, {8, 4096}, spec, device), (ShardBounds{{device, 0}, {1, 4096}}));
@@ -185,7 +186,7 @@ TEST(HostLocalLayoutTest, SeedScenarioEachHostReadsItsFourRows) {
 
 TEST(HostLocalLayoutTest, TensorParallelReplicasAreReadOncePerHost) {
   // fsdp=4 x tensor=2 on 2 hosts x 4 devices: devices 2k and 2k+1 hold the same rows; each host reads its 4 rows once.
-  const mesh::Mesh mesh = make_mesh(sizes(1, 4, 2, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = make_mesh(testing::axis_sizes(1, 4, 2, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   const PartitionSpec spec = PartitionSpec::sharded_rows(2, {Axis::data, Axis::fsdp});
   const HostLocalLayout host0 = host_local_layout(mesh, {8, 16}, spec, 0);
   EXPECT_EQ(host0.global_indices(0), (std::vector<int64_t>{0, 1, 2, 3}));
@@ -195,7 +196,7 @@ TEST(HostLocalLayoutTest, TensorParallelReplicasAreReadOncePerHost) {
 TEST(HostLocalLayoutTest, MultiSliceBlocksArePackedInGlobalOrder) {
   // Two slices over data; rows over (fsdp, data): device with fsdp=f on slice s holds block 2f+s, so host 0 (slice
   // 0) holds the even rows, packed densely.
-  const mesh::Mesh mesh = make_mesh(sizes(1, 4, 1, 1), sizes(2, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = make_mesh(testing::axis_sizes(1, 4, 1, 1), testing::axis_sizes(2, 1, 1, 1), 2, 4);
   const PartitionSpec spec = PartitionSpec::sharded_rows(2, {Axis::fsdp, Axis::data});
   const HostLocalLayout host0 = host_local_layout(mesh, {8, 2}, spec, 0);
   EXPECT_EQ(host0.global_indices(0), (std::vector<int64_t>{0, 2, 4, 6}));

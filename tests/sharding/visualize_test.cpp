@@ -2,6 +2,8 @@
 // partial), and the colour switch.
 #include "meshtrain/sharding/visualize.hpp"
 
+#include "simulated_devices.hpp"
+
 #include <gtest/gtest.h>
 
 namespace meshtrain::sharding {
@@ -9,7 +11,6 @@ namespace {
 
 using mesh::Axis;
 
-mesh::AxisSizes sizes(int data, int fsdp, int tensor, int expert) { return mesh::AxisSizes{{data, fsdp, tensor, expert}}; }
 
 // Compares with the golden picture; on a mismatch prints the picture as drawn, to read (or to paste once checked).
 void expect_picture(const std::string& drawn, const std::string& golden) {
@@ -17,7 +18,7 @@ void expect_picture(const std::string& drawn, const std::string& golden) {
 }
 
 TEST(VisualizeTest, OneDimensionalTensorIsAColumnOfTiles) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 4, 1, 1), sizes(1, 1, 1, 1), 1, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 4, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 4);
   expect_picture(render_sharding(mesh, "bias", c10::ScalarType::Float, {16}, PartitionSpec::parse("fsdp")), R"(bias f32[16@fsdp] on mesh data=1 x fsdp=4 x tensor=1 x expert=1 (1 host x 4 devices per host)
 ┌───────────────────────────┐
 │           [0:4]           │
@@ -36,7 +37,7 @@ TEST(VisualizeTest, OneDimensionalTensorIsAColumnOfTiles) {
 }
 
 TEST(VisualizeTest, SeedScenarioInputBatchOnTwoHosts) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 8, 1, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   expect_picture(render_input_batch(mesh, 8, 4096), R"(input_ids i32[8@(data,fsdp), 4096] on mesh data=1 x fsdp=8 x tensor=1 x expert=1 (2 hosts x 4 devices per host)
 ┌───────────────────────────┐
 │       [0:1, 0:4096]       │
@@ -68,7 +69,7 @@ TEST(VisualizeTest, SeedScenarioInputBatchOnTwoHosts) {
 
 TEST(VisualizeTest, TwoDimensionalGridListsReplicasTogether) {
   // data=2 x fsdp=2 x tensor=2 on 2 hosts: rows over data, columns over tensor, replicas along fsdp.
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(2, 2, 2, 1), sizes(1, 1, 1, 1), 2, 4);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(2, 2, 2, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   expect_picture(render_sharding(mesh, "w", c10::ScalarType::BFloat16, {4, 8}, PartitionSpec::parse("data, tensor")),
                  R"(w bf16[4@data, 8@tensor] on mesh data=2 x fsdp=2 x tensor=2 x expert=1 (2 hosts x 4 devices per host)
 ┌─────────────────────────────────────────────┬─────────────────────────────────────────────┐
@@ -86,7 +87,7 @@ Devices listed under one range hold the same shard (replicas along fsdp).
 
 TEST(VisualizeTest, ThreeDimensionalTensorListsTheShardsOfTheLastDimension) {
   // Two slices over fsdp, tensor=2 inside a slice: [4, 6, 8] with rows over fsdp and depth over tensor.
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 1, 2, 1), sizes(1, 2, 1, 1), 2, 2);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 1, 2, 1), testing::axis_sizes(1, 2, 1, 1), 2, 2);
   expect_picture(render_sharding(mesh, "x_BTD", c10::ScalarType::Float, {4, 6, 8},
                                  PartitionSpec::parse("fsdp, None, tensor")),
                  R"(x_BTD f32[4@fsdp, 6, 8@tensor] on mesh data=1 x fsdp=2 x tensor=2 x expert=1 (2 hosts x 2 devices per host)
@@ -105,7 +106,7 @@ TEST(VisualizeTest, ThreeDimensionalTensorListsTheShardsOfTheLastDimension) {
 }
 
 TEST(VisualizeTest, PartialScalarListsItsAddends) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 2, 1, 1), sizes(1, 1, 1, 1), 1, 2);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 2, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 2);
   PartitionSpec loss = PartitionSpec::replicated(0);
   loss.partial = {Axis::fsdp};
   expect_picture(render_sharding(mesh, "loss", c10::ScalarType::Float, {}, loss), R"(loss f32[] partial over fsdp on mesh data=1 x fsdp=2 x tensor=1 x expert=1 (1 host x 2 devices per host)
@@ -119,7 +120,7 @@ Devices listed under one range hold addends of a pending sum over fsdp.
 }
 
 TEST(VisualizeTest, ColourOnlyWhenAsked) {
-  const mesh::Mesh mesh = mesh::Mesh::create(sizes(1, 2, 1, 1), sizes(1, 1, 1, 1), 1, 2);
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 2, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 2);
   const std::string plain = render_input_batch(mesh, 2, 4);
   const std::string coloured = render_input_batch(mesh, 2, 4, PictureOptions{true});
   EXPECT_EQ(plain.find('\x1b'), std::string::npos);

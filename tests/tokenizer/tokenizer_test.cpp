@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
 
@@ -269,11 +270,49 @@ TEST(TokenizerTest, ParallelEncodingEqualsSerial) {
   }
 }
 
-TEST(TokenizerTest, SafeSplitNeedsNewlineBetweenTextAndLetter) {
+TEST(TokenizerTest, SafeSplitIsANewlineOrASingleSpaceBetweenTextAndALetter) {
   EXPECT_EQ(find_safe_split("ab\ncd", 0, 10), 3u);
   EXPECT_EQ(find_safe_split("a \ncd", 0, 10), 0u);  // whitespace before the newline: pieces could change
   EXPECT_EQ(find_safe_split("ab\n cd", 0, 10), 0u);
   EXPECT_EQ(find_safe_split("x\nab\ncd", 0, 3), 2u);
+  EXPECT_EQ(find_safe_split("ab cd", 0, 10), 2u);   // before the space of " cd"
+  EXPECT_EQ(find_safe_split("ab  cd", 0, 10), 0u);  // two spaces: "  cd" is " " + " cd"
+  EXPECT_EQ(find_safe_split("a. cd", 0, 10), 0u);
+  EXPECT_EQ(find_safe_split("ab 1", 0, 10), 0u);
+  EXPECT_EQ(find_safe_split("a", 0, 10), 0u);
+}
+
+// Every position find_safe_split accepts, in a text built from the pieces the patterns treat specially (runs of
+// spaces and newlines, contractions, digits, punctuation, non-ASCII letters, case changes), cuts it without changing
+// its tokens: encode(left) + encode(right) == encode(text), for every supported pattern.
+TEST(TokenizerTest, EverySafeSplitKeepsTheTokens) {
+  const std::vector<std::string> snippets = {"word", "Word", "WORD", "wOrD", " ", "  ", "\n", "\n\n", " \n", "\t",
+                                             "'s", "'LL", "don't", "123", "45678", ".", "!?", "(", "\xC3\xA9t\xC3\xA9",
+                                             "\xE6\x97\xA5\xE6\x9C\xAC", "\xE2\x80\x94", "a", "I", "x1", " the", " Of"};
+  std::mt19937 random(7);
+  std::string text;
+  while (text.size() < 10000) text += snippets[random() % snippets.size()];
+  std::vector<std::pair<std::string, const Tokenizer*>> tokenizers;
+  for (const char* name : {"r50k_base", "cl100k_base", "o200k_base"})
+    if (tiktoken_tokenizers().count(name)) tokenizers.emplace_back(name, tiktoken_tokenizers().at(name).get());
+  if (fs::exists(asset("npm/tokenizer-llama3/models/tokenizer.json")))
+    tokenizers.emplace_back("llama3", llama3_tokenizer().get());
+  if (tokenizers.empty()) GTEST_SKIP() << "no tokenizer assets";
+  std::vector<std::vector<uint32_t>> whole;
+  for (const auto& named : tokenizers) whole.push_back(named.second->encode(text));
+  int cuts = 0;
+  for (size_t p = 2; p + 2 < text.size(); ++p) {
+    if (find_safe_split(text, p - 1, p) != p) continue;
+    ++cuts;
+    for (size_t t = 0; t < tokenizers.size(); ++t) {
+      std::vector<uint32_t> pieces = tokenizers[t].second->encode(std::string_view(text).substr(0, p));
+      const std::vector<uint32_t> right = tokenizers[t].second->encode(std::string_view(text).substr(p));
+      pieces.insert(pieces.end(), right.begin(), right.end());
+      ASSERT_EQ(pieces, whole[t]) << tokenizers[t].first << " cut at " << p << ": "
+                                  << text.substr(p > 20 ? p - 20 : 0, 40);
+    }
+  }
+  EXPECT_GT(cuts, 100);
 }
 
 TEST(TokenizerTest, ErrorsNameTheFile) {

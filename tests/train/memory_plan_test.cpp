@@ -6,6 +6,7 @@
 #include "meshtrain/train/memory_plan.hpp"
 #include "runtime/process_runner.hpp"
 #include "scratch_dir.hpp"
+#include "train/train_test_support.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -14,9 +15,7 @@
 namespace meshtrain::train {
 namespace {
 
-TrainSettings settings_for(const std::vector<std::string>& overrides) {
-  return TrainSettings::from_config(config::Config::load(config::default_config_dir(), overrides));
-}
+using testing::settings_for;
 
 MemoryPlan plan_for(const std::vector<std::string>& overrides, MemoryLayout layout) {
   return plan_memory(settings_for(overrides), layout);

@@ -1,15 +1,14 @@
 // train_settings_test.cpp — the trainer's settings, resolved once from the config: values, checks, fault injection.
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/train/train_settings.hpp"
+#include "train/train_test_support.hpp"
 
 #include <gtest/gtest.h>
 
 namespace meshtrain::train {
 namespace {
 
-TrainSettings settings_for(const std::vector<std::string>& overrides) {
-  return TrainSettings::from_config(config::Config::load(config::default_config_dir(), overrides));
-}
+using testing::settings_for;
 
 TEST(TrainSettingsTest, ReadsTheTrainerKeys) {
   const TrainSettings s = settings_for({"max_steps=7", "output_dir=/tmp/x", "compute_dtype=bfloat16", "seed=9"});

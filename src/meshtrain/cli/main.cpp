@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <malloc.h>
 #include <string>
 
 namespace {
@@ -37,33 +36,10 @@ void print_usage() {
   std::fprintf(stderr, "\n`meshtrain <verb> --help` describes a verb's options.\n");
 }
 
-// MESHTRAIN_CPU_ALLOCATOR=malloc leaves every tensor to malloc (the comparison in BENCHMARKS.md, "Memory per host");
-// block_cache (or unset) is the default; any other value is refused (false).
-// Small allocations stay in glibc's heap, kept rather than handed back: one arena (per-thread arenas dropped and
-// re-faulted whole 64 MB heaps), no mmap'd chunks, no trimming; the trainer trims at step boundaries
-// (common/heap.hpp). Tensors of 1 MiB and more go to the block cache (runtime/block_cache_allocator.hpp), which keeps
-// them mapped for the next step without letting them fragment the heap. Must run before any thread starts
-// (M_ARENA_MAX applies to arenas created later).
-bool set_up_memory() {
-  mallopt(M_ARENA_MAX, 1);
-  mallopt(M_MMAP_MAX, 0);
-  mallopt(M_TRIM_THRESHOLD, -1);
-  const char* allocator = std::getenv("MESHTRAIN_CPU_ALLOCATOR");
-  if (allocator != nullptr && !std::strcmp(allocator, "malloc")) return true;
-  if (allocator != nullptr && std::strcmp(allocator, "block_cache") != 0) {
-    std::fprintf(stderr,
-                 "meshtrain: error: MESHTRAIN_CPU_ALLOCATOR='%s': expected block_cache (the default) or malloc\n",
-                 allocator);
-    return false;
-  }
-  meshtrain::runtime::install_block_cache_allocator();
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!set_up_memory()) return 2;
+  if (!meshtrain::runtime::set_up_process_memory()) return 2;
   // A write to a peer that has gone away (Gloo's sockets, the TCP store) must fail with EPIPE, which the runtime
   // reports as a transport error and then replaces with the published reason, not kill the host silently.
   std::signal(SIGPIPE, SIG_IGN);

@@ -5,10 +5,14 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -169,6 +173,22 @@ bool install_block_cache_allocator() {
   if (!installed.exchange(true)) c10::SetCPUAllocator(&allocator, /*priority=*/1);
   return true;
 #endif
+}
+
+bool set_up_process_memory() {
+  mallopt(M_ARENA_MAX, 1);
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);
+  const char* allocator = std::getenv("MESHTRAIN_CPU_ALLOCATOR");
+  if (allocator != nullptr && !std::strcmp(allocator, "malloc")) return true;
+  if (allocator != nullptr && std::strcmp(allocator, "block_cache") != 0) {
+    std::fprintf(stderr,
+                 "meshtrain: error: MESHTRAIN_CPU_ALLOCATOR='%s': expected block_cache (the default) or malloc\n",
+                 allocator);
+    return false;
+  }
+  install_block_cache_allocator();
+  return true;
 }
 
 BlockCacheStats block_cache_stats() { return installed ? block_cache().stats() : BlockCacheStats{}; }

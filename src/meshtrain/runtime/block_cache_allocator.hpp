@@ -35,6 +35,15 @@ struct BlockCacheStats {
 // threads start. Returns false (and changes nothing) in an AddressSanitizer build.
 bool install_block_cache_allocator();
 
+// The process's memory set-up, as `meshtrain` (and the benchmarks that time its step) run: small allocations stay
+// in glibc's heap, kept rather than handed back (one arena: per-thread arenas dropped and re-faulted whole 64 MB
+// heaps; no mmap'd chunks; no trimming, the trainer trims at step boundaries, common/heap.hpp); tensors of 1 MiB and
+// more go to the block cache, which keeps them mapped for the next step without letting them fragment the heap.
+// MESHTRAIN_CPU_ALLOCATOR=malloc leaves every tensor to malloc (the comparison in BENCHMARKS.md, "Memory per host");
+// block_cache (or unset) is the default; any other value is refused: returns false after printing why. Must run
+// before any thread starts (M_ARENA_MAX applies to arenas created later).
+bool set_up_process_memory();
+
 // The cache's counters (all zero when not installed).
 BlockCacheStats block_cache_stats();
 

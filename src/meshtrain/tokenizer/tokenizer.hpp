@@ -100,8 +100,10 @@ class Tokenizer {
 };
 
 // The largest position p <= `limit` (and > `floor`) where text may be cut without changing the pieces of any
-// supported pre-tokenizer: text[p-2] is an ASCII character other than whitespace, text[p-1] is '\n' and text[p] an
-// ASCII letter. Returns 0 if there is none.
+// supported pre-tokenizer. Either text[p-2] is an ASCII character other than whitespace, text[p-1] is '\n' and
+// text[p] an ASCII letter; or text[p-1] is an ASCII letter, text[p] a space and text[p+1] an ASCII letter (the
+// single space before a word: no piece of these patterns holds a letter and the whitespace after it, and " word" is
+// one piece from p whatever precedes it). Returns 0 if there is none.
 size_t find_safe_split(std::string_view text, size_t floor, size_t limit);
 
 // Replaces invalid UTF-8 sequences in `text` by U+FFFD; returns true if it changed anything.
