@@ -33,6 +33,7 @@
 #   SKIP_MESHTRAIN=1                            run only the PyTorch peer
 #   MESHTRAIN_ARGS="k=v ..."                    extra overrides for `meshtrain train`
 #   KEEP_DIR=path                               keep the runs' logs, metrics and the peer's JSON there
+#   PEER_TIMEOUT_S=900                          give up on a peer run after this long
 #
 # The meshtrain data is its configured dataset (moby-dick-byte by default: byte tokens, so only 256 of the model's
 # vocabulary occur), the peer's is random tokens over the whole vocabulary: the work per step is the same (the
@@ -113,10 +114,11 @@ run_meshtrain() {  # $1 name, $2 hosts, $3 devices per host, then extra override
 
 run_peer() {  # $1 world size
   echo "== PyTorch peer, world $1 ($([[ $1 == 1 ]] && echo 'no DDP' || echo 'DDP over Gloo'))" >&2
-  "$python" "$root/bench/ddp_peer.py" --model-config "$root/configs/model/$model.yaml" --world-size "$1" \
+  # A time limit: once (2026-12-05) one DDP rank was left spinning in Gloo after the other had gone, for 20 minutes.
+  timeout --kill-after=10 "${PEER_TIMEOUT_S:-900}" "$python" "$root/bench/ddp_peer.py" --model-config "$root/configs/model/$model.yaml" --world-size "$1" \
     --global-batch "$gbs" --block-size "$block" --steps "$steps" --warmup "$warmup" --dtype "$dtype" \
     --cores "$cores" >"$tmp/peer-$1.json" 2>"$tmp/peer-$1.log" ||
-    { tail -n 30 "$tmp/peer-$1.log" >&2; die "the PyTorch peer at world $1 failed (log above)"; }
+    { tail -n 30 "$tmp/peer-$1.log" >&2; die "the PyTorch peer at world $1 failed or ran past ${PEER_TIMEOUT_S:-900} s (log above)"; }
 }
 
 mt=$([[ ${SKIP_MESHTRAIN:-0} != 1 ]] && echo 1 || echo 0)

@@ -76,6 +76,12 @@ void FsdpUnit::free_full() {
 }
 
 void FsdpUnit::reduce_gradients_from_params() {
+  start_reducing_gradients();
+  finish_reducing_gradients();
+}
+
+void FsdpUnit::start_reducing_gradients() {
+  MT_CHECK(pending_reduce_.empty(), "unit {}: a gradient reduction started while the last one is in flight", label_);
   if (comm_.size() == 1) {  // the shard is the whole unit: add each gradient in place, nothing to communicate
     for (Member& m : members_) {
       at::Tensor& grad = m.param.mutable_grad();
@@ -87,25 +93,40 @@ void FsdpUnit::reduce_gradients_from_params() {
   }
   std::vector<at::Tensor> grads;
   for (const Member& m : members_) grads.push_back(m.param.grad());
-  grad_shard_.add_(reduce_scatter(grads));
+  for_each_reduce_piece(grads, [this](PendingPiece piece) { pending_reduce_.push_back(std::move(piece)); });
   grads.clear();
   for (Member& m : members_) m.param.mutable_grad().reset();
   free_full();
 }
 
+void FsdpUnit::finish_reducing_gradients() {
+  for (PendingPiece& piece : pending_reduce_) grad_shard_.narrow(0, piece.begin, piece.count).add_(piece.reduce.wait());
+  pending_reduce_.clear();
+}
+
 at::Tensor FsdpUnit::reduce_scatter(const std::vector<at::Tensor>& member_grads) const {
-  MT_CHECK(member_grads.size() == members_.size(), "unit {}: {} gradients for {} members", label_,
-           member_grads.size(), members_.size());
   const int n = comm_.size();
   if (n == 1 && members_.size() == 1 && numel_ == padded_numel_ && member_grads[0].defined())
     return member_grads[0].reshape({-1});  // the shard is the whole unit: nothing to sum or copy
+  at::Tensor shard = at::empty({padded_numel_ / n}, at::kFloat);
+  // One piece at a time: no buffer of the unit's size besides the gradients themselves (the head's is V x D).
+  for_each_reduce_piece(member_grads, [&](PendingPiece piece) {
+    shard.narrow(0, piece.begin, piece.count).copy_(piece.reduce.wait());
+  });
+  return shard;
+}
+
+void FsdpUnit::for_each_reduce_piece(const std::vector<at::Tensor>& member_grads,
+                                     const std::function<void(PendingPiece)>& started) const {
+  MT_CHECK(member_grads.size() == members_.size(), "unit {}: {} gradients for {} members", label_,
+           member_grads.size(), members_.size());
+  const int n = comm_.size();
   // The unit's flat gradient is never built: piece p holds elements [p * P, (p + 1) * P) of every rank's shard range,
   // copied from the members' gradients into a send buffer of at most kReducePieceElements.
   const int64_t shard_numel = padded_numel_ / n;
   const int64_t piece_numel = std::max<int64_t>(1, std::min(shard_numel, kReducePieceElements / n));
   std::vector<at::Tensor> flat_grads;  // undefined: zeros
   for (const at::Tensor& grad : member_grads) flat_grads.push_back(grad.defined() ? grad.reshape({-1}) : grad);
-  at::Tensor shard = at::empty({shard_numel}, at::kFloat);
   for (int64_t begin = 0; begin < shard_numel; begin += piece_numel) {
     const int64_t count = std::min(piece_numel, shard_numel - begin);
     at::Tensor send = at::zeros({n * count}, at::kFloat);
@@ -118,9 +139,8 @@ at::Tensor FsdpUnit::reduce_scatter(const std::vector<at::Tensor>& member_grads)
         send.narrow(0, r * count + from - lo, to - from).copy_(flat_grads[i].narrow(0, from - m.offset, to - from));
       }
     }
-    shard.narrow(0, begin, count).copy_(comm_.reduce_scatter_sum(send));
+    started(PendingPiece{begin, count, comm_.reduce_scatter_sum_async(send)});
   }
-  return shard;
 }
 
 std::optional<FsdpUnit::ShardPiece> FsdpUnit::piece_in_shard(const Member& m, int shard,

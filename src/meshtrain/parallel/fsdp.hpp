@@ -8,9 +8,11 @@
 //   forward        the layer runs on the gathered parameters
 //   free_full()    (reshard after forward) the full buffer's storage is released; the parameters keep their shape
 //   gather()       again before the layer's backward (a hook on the layer's output gradient)
-//   reduce_gradients_from_params()   after the layer's backward: the parameters' gradients are reduce-scattered
-//                  into grad_shard() (summed over micro-batches) in pieces of at most kReducePieceElements, and the
-//                  full buffer is freed
+//   start_reducing_gradients()   after the layer's backward: the parameters' gradients are copied into send
+//                  pieces of at most kReducePieceElements whose reduce-scatters start at once, and the full buffer is
+//                  freed; the communication proceeds while the layer before computes its backward
+//   finish_reducing_gradients()  waits for them and adds this rank's pieces into grad_shard() (summed over
+//                  micro-batches); reduce_gradients_from_params() does both at once
 // With n = 1 the shard is the full buffer and the parameters are views of it for the whole run: no copies.
 // The flat buffer is the members' (tensor-parallel-local) parameters in order, padded with zeros to a multiple of n.
 #pragma once
@@ -20,6 +22,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -71,6 +74,12 @@ class FsdpUnit {
   // Reads every member's .grad (zeros for a member that got none), reduce-scatters the flat gradient into
   // grad_shard() (added), resets the .grads and frees the full buffer.
   void reduce_gradients_from_params();
+  // The same in two halves: start() copies the gradients out, resets the .grads, frees the full buffer and starts
+  // the reduce-scatters; finish() waits for them and adds into grad_shard() (a no-op when none is in flight). With
+  // fsdp=1 start() adds in place and finish() has nothing to do.
+  void start_reducing_gradients();
+  void finish_reducing_gradients();
+  bool reducing() const { return !pending_reduce_.empty(); }
   // This rank's shard of the unit's flat gradient summed over the fsdp group, the gradient given per member (flat or
   // in the member's shape; undefined: zeros). Reduce-scattered in pieces of at most kReducePieceElements; with fsdp=1
   // a single member's gradient is returned itself. Collective over fsdp.
@@ -109,7 +118,16 @@ class FsdpUnit {
   at::Tensor grad_shard_;
   at::Tensor full_;  // n > 1: the gathered flat buffer (storage released while not gathered)
   bool gathered_ = false;
-  std::optional<runtime::PendingGather> pending_;  // a prefetch in flight
+  std::optional<runtime::PendingCollective> pending_;  // a prefetch in flight
+  struct PendingPiece {
+    int64_t begin = 0, count = 0;  // in the shard
+    runtime::PendingCollective reduce;
+  };
+  std::vector<PendingPiece> pending_reduce_;  // gradient reduce-scatters in flight
+  // Starts the reduce-scatters of `member_grads` (as reduce_scatter() takes them) piece by piece, handing each to
+  // `started` before the next piece is copied.
+  void for_each_reduce_piece(const std::vector<at::Tensor>& member_grads,
+                             const std::function<void(PendingPiece)>& started) const;
 };
 
 }  // namespace meshtrain::parallel

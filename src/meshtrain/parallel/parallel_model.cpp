@@ -21,20 +21,26 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Identity on a unit's input (a decoder layer's, the final norm's) whose backward runs once the unit's backward is
-// done (every parameter gradient of the unit has been accumulated: AccumulateGrad nodes run first), so it hands
-// them to the unit's reduce-scatter.
+// done (every parameter gradient of the unit has been accumulated: AccumulateGrad nodes run first), so it starts the
+// unit's gradient reduce-scatter, which then overlaps the backward of the units before it. `reducing` is the model's
+// unit whose reduction is in flight: it is finished first, so one is in flight at a time (finish_backward() ends
+// the last).
 struct GradientBoundary : torch::autograd::Function<GradientBoundary> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpUnit* unit) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, FsdpUnit* unit, FsdpUnit** reducing) {
     ctx->saved_data["unit"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(unit));
+    ctx->saved_data["reducing"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(reducing));
     return x.view_as(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* unit = reinterpret_cast<FsdpUnit*>(static_cast<intptr_t>(ctx->saved_data["unit"].toInt()));
+    FsdpUnit*& reducing = *reinterpret_cast<FsdpUnit**>(static_cast<intptr_t>(ctx->saved_data["reducing"].toInt()));
     for (const FsdpUnit::Member& m : unit->members())
       MT_CHECK(m.param.grad().defined(), "FSDP unit {}: the gradient of {} was not ready when the unit's backward "
                "finished", unit->label(), m.name);
-    unit->reduce_gradients_from_params();
-    return {grads[0], at::Tensor()};
+    if (reducing) reducing->finish_reducing_gradients();
+    unit->start_reducing_gradients();
+    reducing = unit;
+    return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
 
@@ -210,7 +216,7 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   };
   const std::vector<FsdpUnit*> units = units_of(index), next = units_of(index + 1), previous = units_of(index - 1);
   at::Tensor input_BTD = x_BTD;
-  for (FsdpUnit* unit : units) input_BTD = GradientBoundary::apply(input_BTD, unit);
+  for (FsdpUnit* unit : units) input_BTD = GradientBoundary::apply(input_BTD, unit, &reducing_);
   for (FsdpUnit* unit : units) unit->gather();
   // The next units' all-gathers overlap this layer's forward.
   for (FsdpUnit* unit : next) unit->prefetch();
@@ -238,7 +244,7 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   embedding_->gather();
   at::Tensor x_BTD = model_->embed(tokens_BT);
   if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
-  x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD), final_norm_.get());
+  x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD), final_norm_.get(), &reducing_);
   if (model::RouterStats* stats = model_->router_stats().get())
     stats->close([this](at::Tensor& sums) { batch_comm_.allreduce_sum(sums); });
   final_norm_->gather();
@@ -256,7 +262,11 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   return loss;
 }
 
-void ParallelModel::finish_backward() { embedding_->reduce_gradients_from_params(); }
+void ParallelModel::finish_backward() {
+  if (reducing_) reducing_->finish_reducing_gradients();
+  reducing_ = nullptr;
+  embedding_->reduce_gradients_from_params();
+}
 
 void ParallelModel::synchronize_gradients() {
   // The units [first, last) summed over `comm` in one all-reduce.

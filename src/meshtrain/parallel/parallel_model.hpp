@@ -16,8 +16,9 @@
 //                    loss in forward, is reduce-scattered there and then, and the head freed; tensor-parallel
 //                    all-reduces inside attention and MLP
 //   backward         the final norm's reduce-scatter, then each layer: all-gather again (if resharded after forward;
-//                    the previous layer's started) and reduce-scatter of its gradients over fsdp;
-//                    finish_backward(): the embedding's reduce-scatter (the lookup's gradient)
+//                    the previous layer's started) and reduce-scatter of its gradients over fsdp, started when its
+//                    backward ends and finished when the next unit's starts (it overlaps the layer before's backward);
+//                    finish_backward(): the last of those, and the embedding's reduce-scatter (the lookup's gradient)
 //   MoE layers       per layer and pass, over `expert`: an all_to_all of the slot counts and two all-to-alls of
 //                    the routed rows (forward and backward); at the end of forward, one all-reduce of the routing
 //                    statistics over the batch axes (the load-balancing loss is over the global batch)
@@ -70,7 +71,8 @@ class ParallelModel {
   // The training loss of this device's int64 tokens: the sum of the token cross entropies of targets_BT (fp32
   // scalar), the head's loss fused and chunked (the logits never whole). Without grad mode it only evaluates.
   at::Tensor loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT);
-  // After loss.backward(): reduce-scatters the embedding's gradients (the others' were during the backward).
+  // After loss.backward(): waits for the last layer gradient reduce-scatter still in flight and reduce-scatters the
+  // embedding's gradients (the others' were during the backward).
   void finish_backward();
   // After the last micro-batch of a step: all-reduces every gradient shard over `data`.
   void synchronize_gradients();
@@ -136,6 +138,7 @@ class ParallelModel {
   std::unique_ptr<FsdpUnit> final_norm_;            // model.norm
   std::unique_ptr<FsdpUnit> lm_head_;               // lm_head; null when tied
   std::vector<std::unique_ptr<FsdpUnit>> expert_units_;  // a Mixtral's: this device's experts of each layer
+  FsdpUnit* reducing_ = nullptr;  // the unit whose gradient reduce-scatter is in flight (backward)
 };
 
 }  // namespace meshtrain::parallel

@@ -105,7 +105,8 @@ class CommBackend {
   // and returns `into`.
   virtual std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
-  virtual at::Tensor all_to_all(const at::Tensor& input) = 0;
+  // Starts an all-to-all of `input` ([size * n, ...]); the returned function waits for it and returns what arrived.
+  virtual std::function<at::Tensor()> start_all_to_all(const at::Tensor& input) = 0;
   virtual void barrier() = 0;
   virtual void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
                         const std::vector<std::pair<int, at::Tensor>>& receives, int tag) = 0;
@@ -123,7 +124,10 @@ class SoloBackend final : public CommBackend {
     return [into] { return into; };
   }
   void broadcast(at::Tensor&, int) override {}
-  at::Tensor all_to_all(const at::Tensor& input) override { return input.clone(); }
+  std::function<at::Tensor()> start_all_to_all(const at::Tensor& input) override {
+    at::Tensor received = input.clone();
+    return [received] { return received; };
+  }
   void barrier() override {}
   void exchange(const std::vector<std::pair<int, at::Tensor>>&, const std::vector<std::pair<int, at::Tensor>>&,
                 int) override {
@@ -175,12 +179,15 @@ class ProcessGroupBackend final : public CommBackend {
     if (!buffers[0].is_same(tensor)) tensor.copy_(buffers[0]);
   }
 
-  at::Tensor all_to_all(const at::Tensor& input) override {
+  std::function<at::Tensor()> start_all_to_all(const at::Tensor& input) override {
     at::Tensor send = needs_fp32_transport(input) ? input.to(at::kFloat) : input.contiguous();
     at::Tensor received = at::empty_like(send);
     std::vector<int64_t> equal_splits;  // empty: equal chunks along dim 0
-    group_->alltoall_base(received, send, equal_splits, equal_splits)->wait();
-    return received.to(input.scalar_type());
+    auto work = group_->alltoall_base(received, send, equal_splits, equal_splits);
+    return [work, send, received, dtype = input.scalar_type()] {
+      work->wait();
+      return received.to(dtype);
+    };
   }
 
   void barrier() override { group_->barrier()->wait(); }
@@ -257,7 +264,7 @@ at::Tensor Comm::allgather(const at::Tensor& local, const at::Tensor& into) {
   return allgather_async(local, into).wait();
 }
 
-PendingGather Comm::allgather_async(const at::Tensor& local, const at::Tensor& into) {
+PendingCollective Comm::allgather_async(const at::Tensor& local, const at::Tensor& into) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
   std::vector<int64_t> gathered_shape = local.sizes().vec();
   gathered_shape[0] *= size();
@@ -266,13 +273,19 @@ PendingGather Comm::allgather_async(const at::Tensor& local, const at::Tensor& i
            "allgather over {}: the destination must be a contiguous {} tensor of shape {}", label_,
            c10::toString(local.scalar_type()), c10::str(c10::IntArrayRef(gathered_shape)));
   const at::Tensor destination = into.defined() ? into : at::empty(gathered_shape, local.options());
+  return start(Collective::allgather, payload_bytes(local), [&] { return backend_->start_allgather(local, destination); });
+}
+
+PendingCollective Comm::start(Collective kind, int64_t bytes,
+                              const std::function<std::function<at::Tensor()>()>& issue) {
   const auto start = std::chrono::steady_clock::now();
-  PendingGather pending;
-  pending.bytes_ = payload_bytes(local);
-  pending.ticket_ = counters_->begin(label_, Collective::allgather, ++sequence_, pending.bytes_);
-  pending.label_ = fmt::format("allgather #{} over {}", sequence_, label_);
+  PendingCollective pending;
+  pending.kind_ = kind;
+  pending.bytes_ = bytes;
+  pending.ticket_ = counters_->begin(label_, kind, ++sequence_, bytes);
+  pending.label_ = fmt::format("{} #{} over {}", collective_name(kind), sequence_, label_);
   try {
-    pending.finish_ = backend_->start_allgather(local, destination);
+    pending.finish_ = issue();
   } catch (const std::exception& e) {
     throw CollectiveError(fmt::format("{} failed in the transport: {}", pending.label_, e.what()));
   }
@@ -281,8 +294,8 @@ PendingGather Comm::allgather_async(const at::Tensor& local, const at::Tensor& i
   return pending;
 }
 
-at::Tensor PendingGather::wait() {
-  MT_CHECK(finish_, "PendingGather::wait called twice (or on a gather that was never started)");
+at::Tensor PendingCollective::wait() {
+  MT_CHECK(finish_, "PendingCollective::wait called twice (or on a collective that was never started)");
   const auto start = std::chrono::steady_clock::now();
   at::Tensor result;
   try {
@@ -291,7 +304,7 @@ at::Tensor PendingGather::wait() {
     throw CollectiveError(fmt::format("{} failed in the transport: {}", label_, e.what()));
   }
   finish_ = nullptr;
-  counters_->finish(ticket_, Collective::allgather, bytes_,
+  counters_->finish(ticket_, kind_, bytes_,
                     issue_seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return result;
 }
@@ -302,25 +315,31 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
   run(Collective::broadcast, payload_bytes(tensor), [&] { backend_->broadcast(tensor, root); });
 }
 
-at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input) {
+at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input) { return reduce_scatter_sum_async(input).wait(); }
+
+PendingCollective Comm::reduce_scatter_sum_async(const at::Tensor& input) {
   const int n = size();
   MT_CHECK(input.dim() >= 1 && input.size(0) % n == 0,
            "reduce_scatter over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, n);
   // Built from all_to_all (Gloo in 1.13 has no reduce_scatter): chunk r of every rank arrives at rank r, and the
   // chunks are summed here in rank order, so the result is the same whatever the network did.
-  at::Tensor received = run(Collective::reduce_scatter, payload_bytes(input), [&] { return backend_->all_to_all(input); });
-  std::vector<at::Tensor> chunks = received.chunk(n, 0);
-  at::Tensor sum = chunks[0].clone();
-  for (int r = 1; r < n; ++r) sum.add_(chunks[r]);
-  return sum;
+  return start(Collective::reduce_scatter, payload_bytes(input), [&] {
+    std::function<at::Tensor()> receive = backend_->start_all_to_all(input);
+    return [receive, n] {
+      std::vector<at::Tensor> chunks = receive().chunk(n, 0);
+      at::Tensor sum = chunks[0].clone();
+      for (int r = 1; r < n; ++r) sum.add_(chunks[r]);
+      return sum;
+    };
+  });
 }
 
 at::Tensor Comm::all_to_all(const at::Tensor& input) {
   MT_CHECK(input.dim() >= 1 && input.size(0) % size() == 0,
            "all_to_all over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, size());
-  return run(Collective::all_to_all, payload_bytes(input), [&] { return backend_->all_to_all(input); });
+  return run(Collective::all_to_all, payload_bytes(input), [&] { return backend_->start_all_to_all(input)(); });
 }
 
 void Comm::barrier() {

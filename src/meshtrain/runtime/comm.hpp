@@ -103,10 +103,10 @@ class CollectiveError : public Error {
   explicit CollectiveError(const std::string& message) : Error(message) {}
 };
 
-// An all-gather in flight (Comm::allgather_async): the communication proceeds on the backend's threads while the
-// caller computes; wait() returns what allgather() would have, and counts the call with the time it spent issuing
-// and waiting (the part of the communication that was not hidden).
-class PendingGather {
+// A collective in flight (Comm::allgather_async, Comm::reduce_scatter_sum_async): the communication proceeds on the
+// backend's threads while the caller computes; wait() returns what the blocking call would have, and counts the call
+// with the time it spent issuing and waiting (the part of the communication that was not hidden).
+class PendingCollective {
  public:
   at::Tensor wait();
 
@@ -115,6 +115,7 @@ class PendingGather {
   std::function<at::Tensor()> finish_;
   std::shared_ptr<CollectiveCounters> counters_;
   std::string label_;
+  Collective kind_ = Collective::allgather;
   int64_t ticket_ = 0, bytes_ = 0;
   double issue_seconds_ = 0;
 };
@@ -136,12 +137,15 @@ class Comm {
   // given (a contiguous tensor of that shape and local's dtype: no buffer of the result's size allocated here).
   at::Tensor allgather(const at::Tensor& local, const at::Tensor& into = {});
   // The same, started now and finished by wait() (every rank must start it at the same point of its sequence).
-  PendingGather allgather_async(const at::Tensor& local, const at::Tensor& into = {});
+  PendingCollective allgather_async(const at::Tensor& local, const at::Tensor& into = {});
   // Root's tensor everywhere, in place.
   void broadcast(at::Tensor& tensor, int root);
   // `input` is [size * n, ...]: rank r receives the sum over ranks of chunk r, [n, ...]. Summed in rank order,
   // so the result does not depend on arrival order (exact and reproducible).
   at::Tensor reduce_scatter_sum(const at::Tensor& input);
+  // The same, started now and finished by wait() (every rank must start it at the same point of its sequence;
+  // `input` must not change until then).
+  PendingCollective reduce_scatter_sum_async(const at::Tensor& input);
   // `input` is [size * n, ...]: chunk j goes to rank j; the result holds the chunks received, in rank order.
   at::Tensor all_to_all(const at::Tensor& input);
   void barrier();
@@ -160,6 +164,8 @@ class Comm {
   // counted with its time, and a transport failure rethrown as a CollectiveError naming the group and collective.
   template <typename Call>
   auto run(Collective kind, int64_t bytes, Call&& call);
+  // Starts `issue`'s collective as one of `kind` (entered and counted as run() does, when it is waited for).
+  PendingCollective start(Collective kind, int64_t bytes, const std::function<std::function<at::Tensor()>()>& issue);
 
   std::string label_;
   std::shared_ptr<CommBackend> backend_;
