@@ -270,6 +270,33 @@ TEST(TokenizerTest, ParallelEncodingEqualsSerial) {
   }
 }
 
+TEST(TokenizerTest, CachedPiecesEncodeAsUncached) {
+  // Each thread keeps the tokens of recent pieces of 2 to 16 bytes that fit 11 ids, per tokenizer. Every text is
+  // encoded cold (the other tokenizer ran in between, which empties the cache) and then warm; the pieces straddle
+  // the size limits, and one has more tokens than an entry holds.
+  const Tokenizer& cl100k = *tiktoken_tokenizers().at("cl100k_base");
+  const Tokenizer& r50k = *tiktoken_tokenizers().at("r50k_base");
+  const std::string punctuation = "#$%&'()*+,-./:;<=>?@[]^_`{|}~!#$%&'()*+,-./:;<=>?";
+  std::vector<std::string> texts;
+  for (size_t length = 1; length <= 20; ++length) {
+    texts.push_back(punctuation.substr(0, length));
+    texts.push_back(" " + std::string("Nantucketerlyqzxwvhalemonger").substr(0, length));
+  }
+  texts.push_back("\x01\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10\x11\x12\x13\x14");  // a piece of 15 one-byte tokens
+  ASSERT_GT(cl100k.encode(texts.back()).size(), 11u);
+  for (const std::string& text : texts) {
+    r50k.encode(text);
+    std::vector<uint32_t> cold = cl100k.encode(text);
+    EXPECT_EQ(cl100k.encode(text), cold) << text;
+    EXPECT_EQ(cl100k.decode(cold), text);
+  }
+  std::string all;
+  for (const std::string& text : texts) all += text + " ";
+  std::vector<uint32_t> cold = r50k.encode(all);
+  cl100k.encode(all);
+  EXPECT_EQ(r50k.encode(all), cold);
+}
+
 TEST(TokenizerTest, SafeSplitIsANewlineOrASingleSpaceBetweenTextAndALetter) {
   EXPECT_EQ(find_safe_split("ab\ncd", 0, 10), 3u);
   EXPECT_EQ(find_safe_split("a \ncd", 0, 10), 0u);  // whitespace before the newline: pieces could change

@@ -87,6 +87,7 @@ class Tokenizer {
   void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
 
   TokenizerSpec spec_;
+  uint64_t serial_;  // this tokenizer's number in the process: keys the per-thread cache of encoded pieces
   uint32_t vocab_size_ = 0;
   std::optional<uint32_t> end_of_text_id_;
   std::unique_ptr<RegexPattern> pre_tokenizer_;
