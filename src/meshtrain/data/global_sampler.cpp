@@ -48,18 +48,37 @@ GlobalSampler::GlobalSampler(uint64_t seed, SampleRange samples, int64_t global_
   if (max_batches_per_epoch > 0) batches_per_epoch_ = std::min(batches_per_epoch_, max_batches_per_epoch);
 }
 
-int64_t GlobalSampler::sample_at(int64_t epoch, int64_t step, int64_t row) const {
+IndexPermutation GlobalSampler::order(int64_t epoch) const {
+  const uint64_t order_epoch = fixed_order_ ? 0 : static_cast<uint64_t>(epoch);
+  return IndexPermutation(static_cast<uint64_t>(samples_.count), splitmix64(seed_) ^ splitmix64(~order_epoch));
+}
+
+void GlobalSampler::check_position(int64_t step, int64_t row) const {
   MT_CHECK(step >= 0 && step < batches_per_epoch(), "step {} is outside the epoch's {} batches", step,
            batches_per_epoch());
   MT_CHECK(row >= 0 && row < global_batch_size_, "row {} is outside the global batch of {}", row, global_batch_size_);
-  const uint64_t order_epoch = fixed_order_ ? 0 : static_cast<uint64_t>(epoch);
-  IndexPermutation order(static_cast<uint64_t>(samples_.count), splitmix64(seed_) ^ splitmix64(~order_epoch));
-  return samples_.first + static_cast<int64_t>(order(static_cast<uint64_t>(step * global_batch_size_ + row)));
+}
+
+int64_t GlobalSampler::sample_at(int64_t epoch, int64_t step, int64_t row) const {
+  check_position(step, row);
+  return samples_.first + static_cast<int64_t>(order(epoch)(static_cast<uint64_t>(step * global_batch_size_ + row)));
+}
+
+void GlobalSampler::samples_at(int64_t epoch, int64_t step, const std::vector<int64_t>& rows,
+                               std::vector<int64_t>& ids) const {
+  const IndexPermutation permutation = order(epoch);
+  ids.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    check_position(step, rows[i]);
+    const uint64_t position = static_cast<uint64_t>(step * global_batch_size_ + rows[i]);
+    ids[i] = samples_.first + static_cast<int64_t>(permutation(position));
+  }
 }
 
 std::vector<int64_t> GlobalSampler::global_batch(int64_t epoch, int64_t step) const {
-  std::vector<int64_t> ids(global_batch_size_);
-  for (int64_t row = 0; row < global_batch_size_; ++row) ids[row] = sample_at(epoch, step, row);
+  std::vector<int64_t> rows(global_batch_size_), ids;
+  for (int64_t row = 0; row < global_batch_size_; ++row) rows[row] = row;
+  samples_at(epoch, step, rows, ids);
   return ids;
 }
 

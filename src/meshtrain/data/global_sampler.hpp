@@ -62,10 +62,15 @@ class GlobalSampler {
   std::vector<int64_t> global_batch(int64_t epoch, int64_t step) const;
   // Sample id of one row (random access: what a host needs for the rows it reads).
   int64_t sample_at(int64_t epoch, int64_t step, int64_t row) const;
+  // Sample ids of `rows` into `ids` (resized), the epoch's permutation keyed once for all of them.
+  void samples_at(int64_t epoch, int64_t step, const std::vector<int64_t>& rows, std::vector<int64_t>& ids) const;
   // The cursor after `cursor`: the next step, or the first step of the next epoch.
   DataCursor next(const DataCursor& cursor) const;
 
  private:
+  IndexPermutation order(int64_t epoch) const;  // the epoch's permutation of [0, samples_.count)
+  void check_position(int64_t step, int64_t row) const;
+
   uint64_t seed_;
   SampleRange samples_;
   int64_t global_batch_size_;

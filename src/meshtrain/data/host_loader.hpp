@@ -17,6 +17,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -61,6 +62,11 @@ class HostLoader {
  private:
   void work();
   void read(HostBatch& batch, at::Tensor buffer) const;
+  // changed_.wait(lock, ready), polling for a few microseconds before sleeping.
+  template <typename Ready>
+  void wait_until(std::unique_lock<std::mutex>& lock, Ready&& ready);
+  // Under the lock, after changing what a waiter waits for: counts the change and wakes the sleepers.
+  void announce_change();
 
   std::shared_ptr<const TokenDataset> dataset_;
   GlobalSampler sampler_;
@@ -69,6 +75,7 @@ class HostLoader {
 
   std::mutex mutex_;
   std::condition_variable changed_;
+  std::atomic<uint64_t> changes_{0};  // announce_change() calls: polled by wait_until without the lock
   bool stopping_ = false;
   std::exception_ptr failure_;
   int64_t next_to_read_ = 0;  // the batch number the next idle worker claims
