@@ -2,12 +2,17 @@
 // eager from Python (bench/model_step_peer.py, same libtorch), in one run, with MFU against the measured matmul peak.
 //
 //   build-dir/model_step_bench [--model llama-100m] [--batch 4] [--seq 256] [--threads 2] [--dtype bf16] [--steps 3]
+//                              [--trace-dir DIR]
 //
 // A step is forward, cross-entropy loss, backward and an AdamW update on random tokens; the first step of each side
 // warms up and is not timed. meshtrain's side runs what its trainer runs on one device: the process memory set-up of
 // the `meshtrain` binary (runtime/block_cache_allocator.hpp), the fused head loss (no [B, T, V] logits) and its own
 // AdamW; the peer is what a PyTorch user writes (full logits, F.cross_entropy, torch.optim.AdamW). Prints tokens/s
 // of both, the ratio meshtrain / PyTorch, and MFU.
+//
+// --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
+// profiler adds its own cost per op) and writes a Chrome trace, DIR/meshtrain.json and DIR/pytorch.json;
+// bench/step_profile.py DIR/*.json --steps N lists the top operators by self time per step.
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
@@ -17,8 +22,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <torch/csrc/autograd/profiler_legacy.h>
+
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 using namespace meshtrain;
@@ -29,12 +37,14 @@ int main(int argc, char** argv) {
   std::string model_name = "llama-100m", dtype_name = "bf16";
   int64_t batch = 4, seq = 256;
   int threads = 2, steps = 3;
+  std::string trace_dir;
   app.add_option("--model", model_name)->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--seq", seq)->capture_default_str();
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
+  app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
   CLI11_PARSE(app, argc, argv);
   at::set_num_threads(threads);
   const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
@@ -51,8 +61,7 @@ int main(int argc, char** argv) {
   torch::Tensor tokens = torch::randint(config.vocab_size, {batch, seq + 1}, torch::kInt64);
   torch::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
   double timed = 0, loss = 0;
-  for (int step = 0; step <= steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
+  auto train_step = [&] {
     for (const torch::Tensor& p : parameters) p.mutable_grad().reset();
     torch::Tensor l = llama.loss_sum(inputs, targets) / static_cast<double>(batch * seq);
     l.backward();
@@ -60,14 +69,24 @@ int main(int argc, char** argv) {
     for (const torch::Tensor& p : parameters) grads.push_back(p.grad());
     optimizer.step(grads, adamw.learning_rate);
     loss = l.item<double>();
+  };
+  for (int step = 0; step <= steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    train_step();
     if (step) timed += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   const double ours = static_cast<double>(batch * seq * steps) / timed;
+  if (!trace_dir.empty()) {
+    std::filesystem::create_directories(trace_dir);
+    torch::autograd::profiler::RecordProfile profile(trace_dir + "/meshtrain.json");
+    for (int step = 0; step < steps; ++step) train_step();
+  }
 
   const std::string peer_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/model_step_peer.py";
   const std::string command = fmt::format(
       "/usr/bin/python3 {} --config '{}' --batch {} --seq {} --threads {} --dtype {} --steps {}", peer_script,
-      config.to_hf_json("float32").dump(), batch, seq, threads, dtype_name, steps);
+      config.to_hf_json("float32").dump(), batch, seq, threads, dtype_name, steps) +
+      (trace_dir.empty() ? "" : fmt::format(" --trace '{}/pytorch.json'", trace_dir));
   FILE* pipe = ::popen(command.c_str(), "r");
   std::string output;
   char buffer[4096];

@@ -104,6 +104,7 @@ def main():
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
     ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--trace", help="after the timed steps, profile `steps` more and write a Chrome trace here")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -111,17 +112,27 @@ def main():
     model = Llama(c)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, c["vocab_size"], (a.batch, a.seq + 1))
-    times = []
-    for step in range(a.steps + 1):  # the first step warms up
-        t0 = time.perf_counter()
+
+    def train_step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, c["vocab_size"]), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        return loss
+
+    times = []
+    for step in range(a.steps + 1):  # the first step warms up
+        t0 = time.perf_counter()
+        loss = train_step()
         if step:
             times.append(time.perf_counter() - t0)
+    if a.trace:
+        with torch.autograd.profiler.profile() as profile:
+            for _ in range(a.steps):
+                train_step()
+        profile.export_chrome_trace(a.trace)
     print(json.dumps({"tokens_per_s": a.batch * a.seq * len(times) / sum(times), "step_s": times,
                       "loss": loss.item()}))
 
