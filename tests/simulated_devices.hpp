@@ -20,17 +20,24 @@ inline mesh::AxisSizes axis_sizes(int data, int fsdp, int tensor, int expert) {
 }
 
 // Runs `fn` on one thread per device of `mesh`; returns each device's exception message ("" when it returned
-// normally). Collectives time out after 30 s rather than hang a test.
+// normally). Collectives time out after 30 s rather than hang a test. As in the host runtime, a group within one of
+// the mesh's hosts moves its collectives through memory and a group across hosts through Gloo.
 inline std::vector<std::string> run_on_all_devices(const mesh::Mesh& mesh,
                                                    const std::function<void(runtime::DeviceContext&)>& fn) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  std::vector<std::shared_ptr<runtime::LocalGroups>> local_groups;
+  for (int host = 0; host < mesh.hosts(); ++host)
+    local_groups.push_back(std::make_shared<runtime::LocalGroups>(mesh.devices_of_host(host)));
   std::vector<std::string> failures(mesh.num_devices());
   std::vector<std::thread> threads;
   for (int device = 0; device < mesh.num_devices(); ++device) {
     threads.emplace_back([&, device] {
       auto counters = std::make_shared<runtime::CollectiveCounters>();
-      runtime::DeviceContext ctx(mesh, device, runtime::gloo_group_factory(store, gloo_device, counters, 30), counters);
+      runtime::DeviceContext ctx(
+          mesh, device,
+          runtime::gloo_group_factory(store, gloo_device, counters, 30, local_groups[mesh.device(device).host]),
+          counters);
       try {
         fn(ctx);
       } catch (const std::exception& e) {

@@ -1,5 +1,6 @@
 // comm.cpp — Comm's backends (solo, and any c10d ProcessGroup) and the collective counters.
 #include "meshtrain/runtime/comm.hpp"
+#include "meshtrain/runtime/local_group.hpp"
 
 #include "meshtrain/common/error.hpp"
 
@@ -213,6 +214,74 @@ class ProcessGroupBackend final : public CommBackend {
   c10::intrusive_ptr<C10dGroup> group_;
 };
 
+// A group whose members are all device threads of this process (runtime/local_group.hpp): each collective posts a
+// private copy of this member's part and reads the others' when waited for. Point-to-point exchanges (the variable
+// all-to-all of expert parallelism) go through the group's Gloo backend.
+class LocalBackend final : public CommBackend {
+ public:
+  LocalBackend(std::shared_ptr<LocalGroup> group, int rank, std::unique_ptr<CommBackend> for_exchange)
+      : group_(std::move(group)), rank_(rank), for_exchange_(std::move(for_exchange)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+
+  void allreduce_sum(at::Tensor& tensor) override {
+    const int64_t sequence = ++sequence_;
+    group_->post(sequence, rank_, tensor.clone());
+    const std::vector<at::Tensor> parts = group_->read(sequence, rank_);
+    // In rank order, so every member computes the same bits; 16-bit floats add up in fp32, as over Gloo.
+    at::Tensor sum = needs_fp32_transport(tensor) ? parts[0].to(at::kFloat) : parts[0].clone();
+    for (int r = 1; r < size(); ++r) sum.add_(parts[r]);
+    tensor.copy_(sum);
+  }
+
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) override {
+    const int64_t sequence = ++sequence_;
+    group_->post(sequence, rank_, local.clone(at::MemoryFormat::Contiguous));
+    return [this, sequence, into] {
+      const std::vector<at::Tensor> parts = group_->read(sequence, rank_);
+      const std::vector<at::Tensor> chunks = into.chunk(size(), 0);
+      for (int r = 0; r < size(); ++r) chunks[r].copy_(parts[r]);
+      return into;
+    };
+  }
+
+  void broadcast(at::Tensor& tensor, int root) override {
+    const int64_t sequence = ++sequence_;
+    group_->post(sequence, rank_, rank_ == root ? tensor.clone() : at::empty({0}, tensor.options()));
+    const std::vector<at::Tensor> parts = group_->read(sequence, rank_);
+    if (rank_ != root) tensor.copy_(parts[root]);
+  }
+
+  std::function<at::Tensor()> start_all_to_all(const at::Tensor& input) override {
+    const int64_t sequence = ++sequence_;
+    group_->post(sequence, rank_, input.clone(at::MemoryFormat::Contiguous));
+    return [this, sequence, options = input.options(), sizes = input.sizes().vec()] {
+      const std::vector<at::Tensor> parts = group_->read(sequence, rank_);
+      at::Tensor received = at::empty(sizes, options);
+      const std::vector<at::Tensor> chunks = received.chunk(size(), 0);
+      for (int r = 0; r < size(); ++r) chunks[r].copy_(parts[r].chunk(size(), 0)[rank_]);
+      return received;
+    };
+  }
+
+  void barrier() override {
+    const int64_t sequence = ++sequence_;
+    group_->post(sequence, rank_, at::empty({0}));
+    group_->read(sequence, rank_);
+  }
+
+  void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
+    for_exchange_->exchange(sends, receives, tag);
+  }
+
+ private:
+  std::shared_ptr<LocalGroup> group_;
+  int rank_;
+  std::unique_ptr<CommBackend> for_exchange_;
+  int64_t sequence_ = 0;  // this member's collectives over the group (its device thread only)
+};
+
 int64_t payload_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 }  // namespace
@@ -225,6 +294,13 @@ Comm::Comm(std::string label, std::shared_ptr<CollectiveCounters> counters)
 Comm::Comm(std::string label, c10::intrusive_ptr<C10dGroup> group, std::shared_ptr<CollectiveCounters> counters)
     : label_(std::move(label)),
       backend_(std::make_shared<ProcessGroupBackend>(std::move(group))),
+      counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}
+
+Comm::Comm(std::string label, std::shared_ptr<LocalGroup> local, int rank, c10::intrusive_ptr<C10dGroup> for_exchange,
+           std::shared_ptr<CollectiveCounters> counters)
+    : label_(std::move(label)),
+      backend_(std::make_shared<LocalBackend>(std::move(local), rank,
+                                              std::make_unique<ProcessGroupBackend>(std::move(for_exchange)))),
       counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}
 
 int Comm::rank() const { return backend_->rank(); }

@@ -1,8 +1,9 @@
 // comm.hpp — `Comm`, meshtrain's handle on a group of devices for collectives, and the per-device counters.
 //
-// A Comm is a small value type over a backend: a c10d ProcessGroup (Gloo on CPU) or, for a group of one device, a
-// local no-op backend, so single-device runs take the same code path. Every collective is counted (calls and bytes
-// per kind) in the CollectiveCounters of the device that issued it, so tests and logs can prove where communication
+// A Comm is a small value type over a backend: a c10d ProcessGroup (Gloo on CPU), the shared memory of the device
+// threads of one process (runtime/local_group.hpp) or, for a group of one device, a local no-op backend, so
+// single-device runs take the same code path. Every collective is counted (calls and bytes per kind) in the
+// CollectiveCounters of the device that issued it, so tests and logs can prove where communication
 // happens. All collectives are blocking and operate on CPU tensors along dim 0 where a layout matters.
 #pragma once
 
@@ -95,6 +96,7 @@ class CollectiveCounters {
 };
 
 class CommBackend;
+class LocalGroup;
 
 // A collective that failed inside the transport (a peer closed its connection, a timeout): usually the consequence
 // of a failure elsewhere, so the runtime looks for the job's first published reason before reporting this one.
@@ -126,6 +128,10 @@ class Comm {
   explicit Comm(std::string label = "solo", std::shared_ptr<CollectiveCounters> counters = nullptr);
   // A group over a c10d process group (rank and size come from it).
   Comm(std::string label, c10::intrusive_ptr<C10dGroup> group, std::shared_ptr<CollectiveCounters> counters);
+  // A group of device threads of this process, member `rank` of `local`; `for_exchange` (the same members over
+  // Gloo) carries exchange().
+  Comm(std::string label, std::shared_ptr<LocalGroup> local, int rank, c10::intrusive_ptr<C10dGroup> for_exchange,
+       std::shared_ptr<CollectiveCounters> counters);
 
   int rank() const;
   int size() const;

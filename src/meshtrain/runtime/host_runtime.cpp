@@ -57,9 +57,10 @@ fs::path host_marker(const fs::path& dir, const std::string& job_id, int host) {
 DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> store,
                                                std::shared_ptr<::gloo::transport::Device> gloo_device,
                                                std::shared_ptr<CollectiveCounters> counters,
-                                               double collective_timeout_s) {
-  return [store, gloo_device, counters, collective_timeout_s](const std::string& label, const std::string& key,
-                                                              const std::vector<int>& members, int rank) {
+                                               double collective_timeout_s,
+                                               std::shared_ptr<LocalGroups> local_groups) {
+  return [store, gloo_device, counters, collective_timeout_s, local_groups](
+             const std::string& label, const std::string& key, const std::vector<int>& members, int rank) {
     auto prefix = c10::make_intrusive<c10d::PrefixStore>("group/" + key, store);
     auto options = c10d::ProcessGroupGloo::Options::create(to_ms(collective_timeout_s));
     options->devices.push_back(gloo_device);
@@ -67,6 +68,9 @@ DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> s
     try {
       auto group =
           c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, static_cast<int>(members.size()), options);
+      if (local_groups)
+        if (auto local = local_groups->group(key, label, members, collective_timeout_s))
+          return Comm(label, std::move(local), rank, group, counters);
       return Comm(label, group, counters);
     } catch (const std::exception& e) {
       // Forming a group talks to the coordinator's store and to every member: when that fails, it is most likely
@@ -285,8 +289,9 @@ void HostRuntime::end_without_coordinator(const std::string& reason) {
 
 void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) {
   std::vector<std::thread> threads;
+  auto local_groups = std::make_shared<LocalGroups>(mesh_.devices_of_host(identity_.host));
   for (int device : mesh_.devices_of_host(identity_.host)) {
-    threads.emplace_back([this, device, &fn] {
+    threads.emplace_back([this, device, &fn, local_groups] {
       // Declared outside the try: the groups must outlive the abort, or their closing connections would make the
       // peers fail first and hide the real reason.
       std::unique_ptr<DeviceContext> context;
@@ -297,7 +302,8 @@ void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) 
         auto gloo_device = make_gloo_device(identity_);
         auto counters = std::make_shared<CollectiveCounters>();
         context = std::make_unique<DeviceContext>(
-            mesh_, device, gloo_group_factory(store, gloo_device, counters, options_.collective_timeout_s), counters);
+            mesh_, device,
+            gloo_group_factory(store, gloo_device, counters, options_.collective_timeout_s, local_groups), counters);
         watchdog_->watch_device(WatchedDevice{device, context->progress(), counters});
         fn(*context);
       } catch (const CollectiveError& e) {

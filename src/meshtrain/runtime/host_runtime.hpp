@@ -19,6 +19,7 @@
 #include "meshtrain/runtime/host_identity.hpp"
 #include "meshtrain/runtime/job_agreement.hpp"
 #include "meshtrain/runtime/job_store.hpp"
+#include "meshtrain/runtime/local_group.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -45,11 +46,14 @@ struct RuntimeOptions {
   static RuntimeOptions from_config(const config::Config& config);  // the runtime.* keys
 };
 
-// The group factory of one device: Gloo groups whose rendezvous goes through `store` under "group/<key>".
+// The group factory of one device: Gloo groups whose rendezvous goes through `store` under "group/<key>"; a group
+// whose members are all among `local_groups`' devices (the host's, shared by its device threads) moves its
+// collectives through memory instead (its Gloo group carries only point-to-point exchanges).
 DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> store,
                                                std::shared_ptr<::gloo::transport::Device> gloo_device,
                                                std::shared_ptr<CollectiveCounters> counters,
-                                               double collective_timeout_s);
+                                               double collective_timeout_s,
+                                               std::shared_ptr<LocalGroups> local_groups = nullptr);
 
 // For a host that fails before its HostRuntime exists (a config it cannot load, a missing file): publishes the
 // reason in the job's store so that the other hosts end with it instead of waiting for this one, then returns.
