@@ -59,13 +59,15 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   if (layout.fsdp > 1) {
     // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward
     // (a bf16 gather also lands in a bf16 buffer first); one layer running, the next one prefetched and one layer's
-    // gradient, in backward. A reduce-scatter adds two pieces (FsdpUnit::kReducePieceElements) at most. Kept from
-    // forward to backward (no resharding): every layer, and an untied embedding.
+    // gradient, in backward, with the layer before's reduce-scatter in flight meanwhile (all its pieces at once:
+    // fp32 send and receive buffers of the whole layer). The head's reduce-scatter in forward goes a piece at a time
+    // (two pieces of FsdpUnit::kReducePieceElements at most). Kept from forward to backward (no resharding): every
+    // layer, and an untied embedding.
     const int64_t staging = g == 4 ? 0 : g;
-    const int64_t head_phase = (8 + staging) * head_weight, layer_phase = (4 + 4 + 4 + 2 * staging) * layer;
-    const int64_t reduce_pieces =
-        2 * 4 * std::min(parallel::FsdpUnit::kReducePieceElements, std::max(head_weight, layer));
-    d.gathered = std::max(head_phase, layer_phase) + reduce_pieces;
+    const int64_t head_phase =
+        (8 + staging) * head_weight + 2 * 4 * std::min(parallel::FsdpUnit::kReducePieceElements, head_weight);
+    const int64_t layer_phase = (4 + 4 + 4 + 2 * staging) * layer + 2 * 4 * layer;
+    d.gathered = std::max(head_phase, layer_phase);
     if (!settings.parallel.reshard_after_forward)
       d.gathered += 4 * L * layer + (m.tie_word_embeddings ? 0 : 4 * V * D);
   } else {
