@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -24,11 +25,14 @@ namespace {
 
 constexpr size_t kPageBytes = 4096;
 
-// Beyond the peak of live bytes, the cache may keep this much mapped: half the peak, at least 64 MiB. Measured on
-// llama-100m at fsdp=4 (1 host x 4 device threads, BENCHMARKS.md "Memory per host"): an eighth of the peak kept
-// resident memory at 4.6 GB but unmapped and re-faulted blocks every step (steps ~30% slower than malloc's); a
-// half keeps 5.6 GB (malloc: 7.3-7.8 GB) at malloc's step time.
-size_t cache_slack(size_t peak_live_bytes) { return std::max(peak_live_bytes / 2, size_t{64} << 20); }
+// Beyond the peak of live bytes, the cache may keep this fraction of it mapped (at least 64 MiB):
+// set_block_cache_slack(), the config's memory.cache_slack.
+std::atomic<double> slack_fraction{kDefaultBlockCacheSlack};
+
+size_t cache_slack(size_t peak_live_bytes) {
+  return std::max(static_cast<size_t>(static_cast<double>(peak_live_bytes) * slack_fraction.load()),
+                  size_t{64} << 20);
+}
 
 // A miss may take a cached block up to this factor larger than its class instead of mapping a new one.
 constexpr size_t kLargerBlockFactor = 2;
@@ -38,6 +42,7 @@ class BlockCache {
   void* allocate(size_t bytes) {
     const size_t size = block_size_class(bytes);
     std::vector<Block> to_unmap;
+    std::optional<Block> resizing;  // a cached block given this request's size
     {
       std::lock_guard<std::mutex> lock(mutex_);
       requested_live_bytes_ += size;
@@ -53,16 +58,25 @@ class BlockCache {
         ++stats_.reused;
         return block.data;
       }
+      // Over the cap, the cached block closest in size is resized to this request rather than unmapped: its
+      // resident pages serve again (mremap moves them, no copy, no fault), only the growth is faulted in.
+      if (stats_.cached_bytes > 0 && stats_.live_bytes + stats_.cached_bytes + size > cap)
+        resizing = take_closest_in_size(size);
       while (stats_.cached_bytes > 0 && stats_.live_bytes + stats_.cached_bytes + size > cap)
         to_unmap.push_back(take_least_recently_freed());
-      ++stats_.mapped;
+      ++(resizing ? stats_.resized : stats_.mapped);
       stats_.unmapped += to_unmap.size();
       // Counted as live before mapping, so that concurrent misses see each other under the cap.
       stats_.live_bytes += size;
       stats_.peak_mapped_bytes = std::max(stats_.peak_mapped_bytes, stats_.live_bytes + stats_.cached_bytes);
     }
     for (const Block& block : to_unmap) ::munmap(block.data, block.size);
-    void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* data = MAP_FAILED;
+    if (resizing) {
+      data = ::mremap(resizing->data, resizing->size, size, MREMAP_MAYMOVE);
+      if (data == MAP_FAILED) ::munmap(resizing->data, resizing->size);
+    }
+    if (data == MAP_FAILED) data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     std::lock_guard<std::mutex> lock(mutex_);
     if (data == MAP_FAILED) {
       stats_.live_bytes -= size;
@@ -112,6 +126,15 @@ class BlockCache {
     if (size_list->second.empty()) free_blocks_.erase(size_list);
     stats_.cached_bytes -= block.size;
     return block;
+  }
+
+  // Removes the cached block whose size is nearest `size` (the largest below it or the smallest above it).
+  Block take_closest_in_size(size_t size) {
+    auto closest = free_blocks_.lower_bound(size);
+    if (closest == free_blocks_.end() ||
+        (closest != free_blocks_.begin() && size - std::prev(closest)->first < closest->first - size))
+      closest = std::prev(closest);
+    return take_newest(closest);
   }
 
   // Removes the cached block freed longest ago (each size's list is in freeing order: its front is its oldest).
@@ -189,6 +212,11 @@ bool set_up_process_memory() {
   }
   install_block_cache_allocator();
   return true;
+}
+
+void set_block_cache_slack(double fraction_of_peak) {
+  MT_CHECK(fraction_of_peak >= 0, "the block cache's slack is a fraction of the live peak, got {}", fraction_of_peak);
+  slack_fraction = fraction_of_peak;
 }
 
 BlockCacheStats block_cache_stats() { return installed ? block_cache().stats() : BlockCacheStats{}; }

@@ -7,7 +7,9 @@
 // chunks), every step page-faults them in again (a third of a llama-10m step). This allocator keeps freed large
 // blocks mapped in per-size classes, so the next step reuses them without faults, and caps what it keeps: when a
 // request misses the cache and the mapped total would pass the peak of live bytes plus a slack (half the peak), it
-// unmaps the least recently freed blocks first. Resident memory then follows the live peak, not its fragmentation.
+// resizes the cached block closest in size to the request (mremap: its resident pages serve again, only the growth
+// faults) and unmaps the least recently freed blocks while still over. Resident memory then follows the live peak,
+// not its fragmentation.
 //
 // Requests below kLargeBlockBytes go to libtorch's own allocator (malloc). Not installed under AddressSanitizer,
 // which must see every buffer's free to find a use after it.
@@ -28,8 +30,18 @@ struct BlockCacheStats {
   size_t peak_mapped_bytes = 0;  // the most live_bytes + cached_bytes has been
   uint64_t reused = 0;           // requests served from the cache
   uint64_t mapped = 0;           // requests that mapped a new block
+  uint64_t resized = 0;          // requests served by resizing a cached block of another size (over the cap)
   uint64_t unmapped = 0;         // cached blocks given back to the kernel to stay under the cap
 };
+
+// The slack by default: half the live peak. Measured on llama-100m at fsdp=4 (1 host x 4 device threads, 4 steps,
+// BENCHMARKS.md "Memory per host"): a half keeps malloc's step time; an eighth lowers the host's peak resident
+// memory by 0.46-0.57 GB and costs 0-23% step time (blocks resized, unmapped and faulted again every step).
+inline constexpr double kDefaultBlockCacheSlack = 0.5;
+
+// Sets the slack: what the cache may keep mapped beyond the peak of live bytes, as a fraction of that peak (at
+// least 64 MiB). Any time; applies from the next request on.
+void set_block_cache_slack(double fraction_of_peak);
 
 // Makes the block cache libtorch's CPU allocator for the rest of the process (idempotent). Call before the device
 // threads start. Returns false (and changes nothing) in an AddressSanitizer build.

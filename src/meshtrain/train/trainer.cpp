@@ -112,10 +112,11 @@ std::map<std::string, int64_t> collective_bytes(const runtime::CollectiveCounter
 void log_memory_used(int host, const MemoryPlan& plan) {
   const runtime::BlockCacheStats cache = runtime::block_cache_stats();
   log::info("Memory used on host {}: peak resident {} (planned {}); tensors of 1 MiB and more: peak live {}, peak "
-            "mapped {} ({} reused, {} mapped, {} unmapped to stay under the cap)",
+            "mapped {} ({} reused, {} mapped, {} resized and {} unmapped to stay under the cap)",
             host, gigabytes(peak_resident_bytes()), gigabytes(plan.host_total()),
             gigabytes(static_cast<int64_t>(cache.peak_live_bytes)),
-            gigabytes(static_cast<int64_t>(cache.peak_mapped_bytes)), cache.reused, cache.mapped, cache.unmapped);
+            gigabytes(static_cast<int64_t>(cache.peak_mapped_bytes)), cache.reused, cache.mapped, cache.resized,
+            cache.unmapped);
 }
 
 }  // namespace
@@ -152,6 +153,10 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
                 "a model and dataset that fit (model=llama-tiny with dataset=moby-dick-byte), or widen the model "
                 "(model.vocab_size=50304 for dataset=moby-dick-gpt2)", model_config.vocab_size, pipeline.vocab_size(),
                 pipeline.tokenizer_fingerprint());
+  const double cache_slack = config.get_float("memory.cache_slack");
+  MT_USER_CHECK(cache_slack >= 0, "memory.cache_slack={}: expected a fraction of the peak of live tensor bytes, >= 0 "
+                "(0.5 by default; less trades step time for a lower peak: configs/defaults.yaml)", cache_slack);
+  runtime::set_block_cache_slack(cache_slack);
   const MemoryPlan memory_plan = plan_memory(settings, memory_layout(config, settings, mesh));
   log::info("Memory plan: {}", memory_plan.describe());
   if (config.get_bool("memory.check")) check_memory_fits(settings, memory_plan, available_memory());
