@@ -82,8 +82,9 @@ $(TSAN_DIR)/build.ninja:
 build-tsan: setup $(TSAN_DIR)/build.ninja
 	env $(TSAN_ENV) ninja -C $(TSAN_DIR) -j $(JOBS) meshtrain_torch_tests
 
+# Through ctest, as CI runs the unit tests: each test in its own process (the block cache's tests count from zero).
 test-tsan: build-tsan
-	env $(TSAN_ENV) $(TSAN_DIR)/tests/meshtrain_torch_tests --gtest_filter='$(TSAN_FILTER)'
+	cd $(TSAN_DIR) && env $(TSAN_ENV) ctest --output-on-failure -j $(JOBS) -R '^($(subst :,|,$(TSAN_FILTER)))'
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)

@@ -1,7 +1,7 @@
 // block_cache_allocator_test.cpp — the block cache as libtorch's CPU allocator: size classes, a freed block reused
-// by the next tensor of its class, a cached block resized to a request over the cap, the mapped total capped near the peak of live bytes whatever the sizes, and
-// device threads allocating at once never handed the same block. Each test runs in its own process (ctest), so the
-// counters start at zero. Not installed under AddressSanitizer (the header says why): those tests skip there.
+// by the next tensor of its class, a cached block resized to a request over the cap, the mapped total capped near
+// the peak of live bytes whatever the sizes, and device threads allocating or resizing at once never handed the same
+// block. Each test runs in its own process (ctest, `make test-tsan` too), so the counters start at zero. Not installed under AddressSanitizer (the header says why): those tests skip there.
 #include "meshtrain/runtime/block_cache_allocator.hpp"
 
 #include <gtest/gtest.h>

@@ -1,15 +1,15 @@
 // block_cache_allocator.hpp — the CPU allocator a meshtrain host process installs for libtorch: large tensor
 // buffers are mapped blocks kept for reuse, bounded by the process's peak of live bytes.
 //
-// Why (BENCHMARKS.md, "Memory per host"): libtorch on CPU takes every tensor from malloc. Kept in glibc's heap,
-// the gigabytes a step frees (activations, gathered units, logits) stay resident and fragment between device
-// threads (heaptrack: 3.7 GB live, 6.6 GB resident at fsdp=4); handed back to the kernel instead (glibc's mmap
-// chunks), every step page-faults them in again (a third of a llama-10m step). This allocator keeps freed large
-// blocks mapped in per-size classes, so the next step reuses them without faults, and caps what it keeps: when a
-// request misses the cache and the mapped total would pass the peak of live bytes plus a slack (half the peak), it
-// resizes the cached block closest in size to the request (mremap: its resident pages serve again, only the growth
-// faults) and unmaps the least recently freed blocks while still over. Resident memory then follows the live peak,
-// not its fragmentation.
+// Why (BENCHMARKS.md, "Memory per host"): libtorch on CPU takes every tensor from malloc. Kept in glibc's heap, the
+// gigabytes a step frees (activations, gathered units, logits) stay resident and fragment between device threads
+// (heaptrack: 3.7 GB live, 6.6 GB resident at fsdp=4); handed back to the kernel instead (glibc's mmap chunks),
+// every step page-faults them in again (a third of a llama-10m step). This allocator keeps freed large blocks mapped
+// in per-size classes, so the next step reuses them without faults, and caps what it keeps: when a request misses
+// the cache and the mapped total would pass the peak of live bytes plus a slack (a fraction of the peak,
+// memory.cache_slack: half by default), it resizes the cached block closest in size to the request (mremap: its
+// resident pages serve again, only the growth faults) and unmaps the least recently freed blocks while still over.
+// Resident memory then follows the live peak, not its fragmentation.
 //
 // Requests below kLargeBlockBytes go to libtorch's own allocator (malloc). Not installed under AddressSanitizer,
 // which must see every buffer's free to find a use after it.
