@@ -1,6 +1,7 @@
 // fused_cross_entropy_test.cpp — the chunked head loss against libtorch's unfused cross_entropy over full logits:
 // loss and both gradients, for uneven chunks, fp32 and bf16, a scaled incoming gradient, a tied weight used
-// elsewhere in the graph, and no gradients computed outside grad mode.
+// elsewhere in the graph, no gradients computed outside grad mode, and the weight's gradient made a range of elements
+// at a time from the kept logits' gradient.
 #include "meshtrain/model/fused_cross_entropy.hpp"
 
 #include <gtest/gtest.h>
@@ -69,6 +70,33 @@ TEST(FusedCrossEntropyTest, ATiedWeightGetsTheSumOfItsGradients) {
   (fused_cross_entropy_sum(in.hidden_ND, in.weight_VD, in.targets_N, 5) + torch::embedding(in.weight_VD, ids).sum())
       .backward();
   EXPECT_TRUE(torch::allclose(in.weight_VD.grad(), ref.weight_VD.grad(), 1e-5, 1e-6));
+}
+
+TEST(FusedCrossEntropyTest, WeightGradientFromTheLogitGradientsEqualsTheWholeGradientAnyRangeAtATime) {
+  for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const Inputs in = inputs(dtype);
+    const CrossEntropyWithGradients whole = cross_entropy_with_gradients(in.hidden_ND, in.weight_VD, in.targets_N, 7);
+    const CrossEntropyWithLogitGradients by_rows(in.hidden_ND, in.weight_VD, in.targets_N, 7);
+    EXPECT_EQ(by_rows.loss().item<float>(), whole.loss.item<float>()) << dtype;
+    EXPECT_TRUE(torch::equal(by_rows.grad_hidden_ND(), whole.grad_hidden_ND)) << dtype;
+    // Summed over chunks of 7 rows (whole) or at once (by rows): equal up to the order of the additions.
+    const double tolerance = dtype == torch::kFloat32 ? 1e-6 : 2e-2;
+    const torch::Tensor whole_flat = whole.grad_weight_VD.reshape({-1});
+    // Whole rows, parts of one row, ranges across row boundaries, the end, an empty range.
+    for (auto [from, to] : {std::pair<int64_t, int64_t>{0, kV * kD}, {0, 1}, {3, 9}, {5, 7 * kD + 3}, {kD, 3 * kD},
+                            {kV * kD - 20, kV * kD}, {40, 40}}) {
+      const torch::Tensor elements = by_rows.weight_gradient_elements(from, to);
+      EXPECT_EQ(elements.scalar_type(), torch::kFloat32);
+      ASSERT_EQ(elements.numel(), to - from);
+      EXPECT_TRUE(torch::allclose(elements, whole_flat.narrow(0, from, to - from), tolerance, tolerance))
+          << dtype << " elements " << from << ".." << to;
+    }
+    EXPECT_THROW(by_rows.weight_gradient_elements(50, kV * kD + 1), std::exception);
+  }
+  // The logits' gradient of N rows against the V x D fp32 weight gradient: N * element size <= 4 D.
+  EXPECT_TRUE(logit_gradients_fit_in_weight_gradient(768, 768, torch::kFloat32));
+  EXPECT_FALSE(logit_gradients_fit_in_weight_gradient(769, 768, torch::kFloat32));
+  EXPECT_TRUE(logit_gradients_fit_in_weight_gradient(1536, 768, torch::kBFloat16));
 }
 
 TEST(FusedCrossEntropyTest, OutsideGradModeOnlyTheLossIsComputed) {

@@ -10,17 +10,25 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-CrossEntropyWithGradients chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
-                                       const torch::Tensor& targets_N, int64_t chunk_rows, bool with_gradients) {
+// What the chunk loop does with each chunk's gradient of the logits.
+enum class WeightGradient { none, accumulate, keep_logit_gradients };
+
+struct ChunkedPass {
+  torch::Tensor loss, grad_hidden_ND, grad_weight_VD, grad_logits_NV;
+};
+
+ChunkedPass chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
+                         const torch::Tensor& targets_N, int64_t chunk_rows, WeightGradient weight_gradient) {
   torch::NoGradGuard no_grad;
-  const int64_t N = hidden_ND.size(0);
+  const int64_t N = hidden_ND.size(0), V = weight_VD.size(0);
   const torch::Tensor compute_weight_VD = weight_VD.to(hidden_ND.scalar_type());
-  CrossEntropyWithGradients out;
+  ChunkedPass out;
   out.loss = torch::zeros({}, torch::kFloat32);
-  if (with_gradients) {
-    out.grad_hidden_ND = torch::empty_like(hidden_ND);
+  if (weight_gradient != WeightGradient::none) out.grad_hidden_ND = torch::empty_like(hidden_ND);
+  if (weight_gradient == WeightGradient::accumulate)
     out.grad_weight_VD = torch::zeros(weight_VD.sizes(), weight_VD.options().dtype(torch::kFloat32));
-  }
+  if (weight_gradient == WeightGradient::keep_logit_gradients)
+    out.grad_logits_NV = torch::empty({N, V}, hidden_ND.options());
   for (int64_t begin = 0; begin < N; begin += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, N - begin);
     const torch::Tensor h_CD = hidden_ND.narrow(0, begin, rows);
@@ -28,13 +36,19 @@ CrossEntropyWithGradients chunked_loss(const torch::Tensor& hidden_ND, const tor
     torch::Tensor logits_CV = torch::matmul(h_CD, compute_weight_VD.t()).to(torch::kFloat32);
     const torch::Tensor logsumexp_C1 = logits_CV.logsumexp(1, /*keepdim=*/true);
     out.loss.add_((logsumexp_C1 - logits_CV.gather(1, t_C1)).sum());
-    if (!with_gradients) continue;
+    if (weight_gradient == WeightGradient::none) continue;
     // d loss / d logits = softmax - one_hot(target), computed in the logits' buffer.
     torch::Tensor& grad_logits_CV = logits_CV.sub_(logsumexp_C1).exp_();
     grad_logits_CV.scatter_add_(1, t_C1, torch::full({rows, 1}, -1.0f));
-    const torch::Tensor compute_grad_CV = grad_logits_CV.to(hidden_ND.scalar_type());
+    torch::Tensor compute_grad_CV = grad_logits_CV.to(hidden_ND.scalar_type());
     out.grad_hidden_ND.narrow(0, begin, rows).copy_(torch::matmul(compute_grad_CV, compute_weight_VD));
-    out.grad_weight_VD.add_(torch::matmul(compute_grad_CV.t(), h_CD));
+    if (weight_gradient == WeightGradient::keep_logit_gradients) {
+      out.grad_logits_NV.narrow(0, begin, rows).copy_(compute_grad_CV);
+    } else if (compute_grad_CV.scalar_type() == torch::kFloat32) {
+      out.grad_weight_VD.addmm_(compute_grad_CV.t(), h_CD);  // in place: no V x D product beside the sum
+    } else {
+      out.grad_weight_VD.add_(torch::matmul(compute_grad_CV.t(), h_CD));
+    }
   }
   return out;
 }
@@ -51,7 +65,7 @@ void check_shapes(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD
 struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                                const torch::Tensor& targets_N, int64_t chunk_rows) {
-    CrossEntropyWithGradients result = chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, /*with_gradients=*/true);
+    ChunkedPass result = chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, WeightGradient::accumulate);
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight_VD.scalar_type());
     ctx->save_for_backward({result.grad_hidden_ND, result.grad_weight_VD});
     return result.loss;
@@ -77,14 +91,41 @@ torch::Tensor fused_cross_entropy_sum(const torch::Tensor& hidden_ND, const torc
   check_shapes(hidden_ND, weight_VD, targets_N, chunk_rows);
   const bool differentiable =
       torch::GradMode::is_enabled() && (hidden_ND.requires_grad() || weight_VD.requires_grad());
-  if (!differentiable) return chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, false).loss;
+  if (!differentiable) return chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, WeightGradient::none).loss;
   return FusedCrossEntropy::apply(hidden_ND, weight_VD, targets_N, chunk_rows);
 }
 
 CrossEntropyWithGradients cross_entropy_with_gradients(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                                                        const torch::Tensor& targets_N, int64_t chunk_rows) {
   check_shapes(hidden_ND, weight_VD, targets_N, chunk_rows);
-  return chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, /*with_gradients=*/true);
+  ChunkedPass pass = chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, WeightGradient::accumulate);
+  return {pass.loss, pass.grad_hidden_ND, pass.grad_weight_VD};
+}
+
+CrossEntropyWithLogitGradients::CrossEntropyWithLogitGradients(const torch::Tensor& hidden_ND,
+                                                               const torch::Tensor& weight_VD,
+                                                               const torch::Tensor& targets_N, int64_t chunk_rows) {
+  check_shapes(hidden_ND, weight_VD, targets_N, chunk_rows);
+  ChunkedPass pass = chunked_loss(hidden_ND, weight_VD, targets_N, chunk_rows, WeightGradient::keep_logit_gradients);
+  hidden_ND_ = hidden_ND.detach();
+  grad_logits_NV_ = std::move(pass.grad_logits_NV);
+  loss_ = std::move(pass.loss);
+  grad_hidden_ND_ = std::move(pass.grad_hidden_ND);
+}
+
+torch::Tensor CrossEntropyWithLogitGradients::weight_gradient_elements(int64_t from, int64_t to) const {
+  const int64_t V = grad_logits_NV_.size(1), D = hidden_ND_.size(1);
+  MT_CHECK(0 <= from && from <= to && to <= V * D, "weight_gradient_elements: [{}, {}) of a {} x {} gradient", from,
+           to, V, D);
+  torch::NoGradGuard no_grad;
+  const int64_t first_row = from / D, end_row = (to + D - 1) / D;
+  const torch::Tensor rows_RD =
+      torch::matmul(grad_logits_NV_.narrow(1, first_row, end_row - first_row).t(), hidden_ND_).to(torch::kFloat32);
+  return rows_RD.view({-1}).narrow(0, from - first_row * D, to - from);
+}
+
+bool logit_gradients_fit_in_weight_gradient(int64_t rows, int64_t hidden_size, at::ScalarType dtype) {
+  return rows * static_cast<int64_t>(c10::elementSize(dtype)) <= 4 * hidden_size;
 }
 
 }  // namespace meshtrain::model

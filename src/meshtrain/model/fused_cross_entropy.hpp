@@ -35,4 +35,25 @@ struct CrossEntropyWithGradients {
 CrossEntropyWithGradients cross_entropy_with_gradients(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                                                        const torch::Tensor& targets_N, int64_t chunk_rows);
 
+// The same pass for a caller that wants the weight's gradient a range at a time (FSDP: straight into the pieces of
+// its reduce-scatter), so that the V x D fp32 gradient never exists whole: the logits' gradient is kept instead,
+// [N, V] in hidden_ND's dtype, no larger than the V x D fp32 gradient when N * element size <= 4 * D
+// (logit_gradients_fit_in_weight_gradient() says when). The weight is not needed after the pass.
+class CrossEntropyWithLogitGradients {
+ public:
+  CrossEntropyWithLogitGradients(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
+                                 const torch::Tensor& targets_N, int64_t chunk_rows);
+  const torch::Tensor& loss() const { return loss_; }                      // fp32 scalar
+  const torch::Tensor& grad_hidden_ND() const { return grad_hidden_ND_; }  // hidden_ND's dtype
+  // Elements [from, to) of the weight's fp32 gradient flattened (row-major V x D): only the rows they touch are
+  // computed.
+  torch::Tensor weight_gradient_elements(int64_t from, int64_t to) const;
+
+ private:
+  torch::Tensor hidden_ND_, grad_logits_NV_, loss_, grad_hidden_ND_;
+};
+// Whether the logits' gradient of N rows (hidden dtype `dtype`) takes no more memory than the weight's V x D fp32
+// gradient.
+bool logit_gradients_fit_in_weight_gradient(int64_t rows, int64_t hidden_size, at::ScalarType dtype);
+
 }  // namespace meshtrain::model

@@ -93,7 +93,7 @@ void FsdpUnit::start_reducing_gradients() {
   }
   std::vector<at::Tensor> grads;
   for (const Member& m : members_) grads.push_back(m.param.grad());
-  for_each_reduce_piece(grads, [this](PendingPiece piece) { pending_reduce_.push_back(std::move(piece)); });
+  for_each_reduce_piece(copy_from(grads), [this](PendingPiece piece) { pending_reduce_.push_back(std::move(piece)); });
   grads.clear();
   for (Member& m : members_) m.param.mutable_grad().reset();
   free_full();
@@ -108,25 +108,35 @@ at::Tensor FsdpUnit::reduce_scatter(const std::vector<at::Tensor>& member_grads)
   const int n = comm_.size();
   if (n == 1 && members_.size() == 1 && numel_ == padded_numel_ && member_grads[0].defined())
     return member_grads[0].reshape({-1});  // the shard is the whole unit: nothing to sum or copy
-  at::Tensor shard = at::empty({padded_numel_ / n}, at::kFloat);
-  // One piece at a time: no buffer of the unit's size besides the gradients themselves (the head's is V x D).
-  for_each_reduce_piece(member_grads, [&](PendingPiece piece) {
+  return reduce_scatter(copy_from(member_grads));
+}
+
+at::Tensor FsdpUnit::reduce_scatter(const GradientWriter& write) const {
+  at::Tensor shard = at::empty({padded_numel_ / comm_.size()}, at::kFloat);
+  // One piece at a time: no buffer of the unit's size besides what `write` reads from.
+  for_each_reduce_piece(write, [&](PendingPiece piece) {
     shard.narrow(0, piece.begin, piece.count).copy_(piece.reduce.wait());
   });
   return shard;
 }
 
-void FsdpUnit::for_each_reduce_piece(const std::vector<at::Tensor>& member_grads,
-                                     const std::function<void(PendingPiece)>& started) const {
+FsdpUnit::GradientWriter FsdpUnit::copy_from(const std::vector<at::Tensor>& member_grads) const {
   MT_CHECK(member_grads.size() == members_.size(), "unit {}: {} gradients for {} members", label_,
            member_grads.size(), members_.size());
-  const int n = comm_.size();
-  // The unit's flat gradient is never built: piece p holds elements [p * P, (p + 1) * P) of every rank's shard range,
-  // copied from the members' gradients into a send buffer of at most kReducePieceElements.
-  const int64_t shard_numel = padded_numel_ / n;
-  const int64_t piece_numel = std::max<int64_t>(1, std::min(shard_numel, kReducePieceElements / n));
   std::vector<at::Tensor> flat_grads;  // undefined: zeros
   for (const at::Tensor& grad : member_grads) flat_grads.push_back(grad.defined() ? grad.reshape({-1}) : grad);
+  return [flat_grads = std::move(flat_grads)](size_t member, int64_t from, int64_t to, at::Tensor& into) {
+    if (flat_grads[member].defined()) into.copy_(flat_grads[member].narrow(0, from, to - from));
+  };
+}
+
+void FsdpUnit::for_each_reduce_piece(const GradientWriter& write,
+                                     const std::function<void(PendingPiece)>& started) const {
+  const int n = comm_.size();
+  // The unit's flat gradient is never built: piece p holds elements [p * P, (p + 1) * P) of every rank's shard range,
+  // written from the members' gradients into a send buffer of at most kReducePieceElements.
+  const int64_t shard_numel = padded_numel_ / n;
+  const int64_t piece_numel = std::max<int64_t>(1, std::min(shard_numel, kReducePieceElements / n));
   for (int64_t begin = 0; begin < shard_numel; begin += piece_numel) {
     const int64_t count = std::min(piece_numel, shard_numel - begin);
     at::Tensor send = at::zeros({n * count}, at::kFloat);
@@ -135,8 +145,9 @@ void FsdpUnit::for_each_reduce_piece(const std::vector<at::Tensor>& member_grads
       for (size_t i = 0; i < members_.size(); ++i) {
         const Member& m = members_[i];
         const int64_t from = std::max(lo, m.offset), to = std::min(hi, m.offset + m.numel);
-        if (from >= to || !flat_grads[i].defined()) continue;
-        send.narrow(0, r * count + from - lo, to - from).copy_(flat_grads[i].narrow(0, from - m.offset, to - from));
+        if (from >= to) continue;
+        at::Tensor into = send.narrow(0, r * count + from - lo, to - from);
+        write(i, from - m.offset, to - m.offset, into);
       }
     }
     started(PendingPiece{begin, count, comm_.reduce_scatter_sum_async(send)});

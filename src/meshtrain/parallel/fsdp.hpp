@@ -84,6 +84,11 @@ class FsdpUnit {
   // in the member's shape; undefined: zeros). Reduce-scattered in pieces of at most kReducePieceElements; with fsdp=1
   // a single member's gradient is returned itself. Collective over fsdp.
   at::Tensor reduce_scatter(const std::vector<at::Tensor>& member_grads) const;
+  // The same with the gradients produced piece by piece: write(member, from, to, into) fills `into` (zeros, fp32)
+  // with the flat elements [from, to) of the member's gradient. The gradients need never exist whole (the head's
+  // weight gradient, made a block of vocabulary rows at a time: model/fused_cross_entropy.hpp).
+  using GradientWriter = std::function<void(size_t member, int64_t from, int64_t to, at::Tensor& into)>;
+  at::Tensor reduce_scatter(const GradientWriter& write) const;
 
   // The part of member `m` that FSDP shard `shard` of tensor block `block` holds (`block` is m's block on the tensor
   // rank in question: m.block for this device's), as a slice of the whole parameter and its offset in the shard;
@@ -124,10 +129,11 @@ class FsdpUnit {
     runtime::PendingCollective reduce;
   };
   std::vector<PendingPiece> pending_reduce_;  // gradient reduce-scatters in flight
-  // Starts the reduce-scatters of `member_grads` (as reduce_scatter() takes them) piece by piece, handing each to
-  // `started` before the next piece is copied.
-  void for_each_reduce_piece(const std::vector<at::Tensor>& member_grads,
-                             const std::function<void(PendingPiece)>& started) const;
+  // Starts the reduce-scatters of the gradients `write` produces (as reduce_scatter() takes it) piece by piece,
+  // handing each to `started` before the next piece is written.
+  void for_each_reduce_piece(const GradientWriter& write, const std::function<void(PendingPiece)>& started) const;
+  // A GradientWriter that copies from whole gradients (undefined: zeros).
+  GradientWriter copy_from(const std::vector<at::Tensor>& member_grads) const;
 };
 
 }  // namespace meshtrain::parallel

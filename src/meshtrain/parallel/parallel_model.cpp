@@ -47,19 +47,37 @@ struct GradientBoundary : torch::autograd::Function<GradientBoundary> {
 // The training loss of the output head, the fused chunked cross-entropy (model/fused_cross_entropy.hpp) with its
 // weight's gradient handled here: reduce-scattered as soon as the pass has made it, then the head's gathered weight
 // and that V x D gradient are freed, so neither sits through the backward, which starts at the peak of the
-// activations. Kept for backward: the hidden states' gradient and this device's shard of the weight's; backward
-// scales both by the incoming gradient and adds the shard to the head unit's gradient shard.
+// activations. Sharded (fsdp > 1), and when the logits' gradient is the smaller of the two, the V x D gradient is
+// never whole: the gathered weight is freed right after the pass and each reduce-scatter piece's rows of the
+// gradient are computed from the logits' gradient as the piece is filled. Kept for backward: the hidden states'
+// gradient and this device's shard of the weight's; backward scales both by the incoming gradient and adds the
+// shard to the head unit's gradient shard.
 struct HeadLoss : torch::autograd::Function<HeadLoss> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden_ND, const at::Tensor& targets_N,
                             FsdpUnit* head, int64_t chunk_rows) {
-    model::CrossEntropyWithGradients pass =
-        model::cross_entropy_with_gradients(hidden_ND, head->members().front().param, targets_N, chunk_rows);
-    const at::Tensor weight_grad_shard = head->reduce_scatter({pass.grad_weight_VD});
-    pass.grad_weight_VD = at::Tensor();
-    head->free_full();
+    const at::Tensor& weight_VD = head->members().front().param;
+    at::Tensor loss, grad_hidden_ND, weight_grad_shard;
+    const bool sharded = head->shard().numel() < head->padded_numel();
+    if (!sharded ||
+        !model::logit_gradients_fit_in_weight_gradient(hidden_ND.size(0), hidden_ND.size(1), hidden_ND.scalar_type())) {
+      model::CrossEntropyWithGradients pass =
+          model::cross_entropy_with_gradients(hidden_ND, weight_VD, targets_N, chunk_rows);
+      weight_grad_shard = head->reduce_scatter({pass.grad_weight_VD});
+      head->free_full();
+      loss = pass.loss;
+      grad_hidden_ND = pass.grad_hidden_ND;
+    } else {
+      const model::CrossEntropyWithLogitGradients pass(hidden_ND, weight_VD, targets_N, chunk_rows);
+      head->free_full();
+      weight_grad_shard = head->reduce_scatter([&pass](size_t, int64_t from, int64_t to, at::Tensor& into) {
+        into.copy_(pass.weight_gradient_elements(from, to));
+      });
+      loss = pass.loss();
+      grad_hidden_ND = pass.grad_hidden_ND();
+    }
     ctx->saved_data["head"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(head));
-    ctx->save_for_backward({pass.grad_hidden_ND, weight_grad_shard});
-    return pass.loss;
+    ctx->save_for_backward({grad_hidden_ND, weight_grad_shard});
+    return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* head = reinterpret_cast<FsdpUnit*>(static_cast<intptr_t>(ctx->saved_data["head"].toInt()));

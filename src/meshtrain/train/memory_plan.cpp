@@ -56,16 +56,21 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   d.gradients = d.parameters;
   // The moments and the update's scratch (the size of the largest shard).
   d.optimizer = 2 * d.parameters + 4 * std::max({embedding_shard, layer_shard, lm_head_shard});
+  const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.micro_batches) * T;
   if (layout.fsdp > 1) {
     // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward
     // (a bf16 gather also lands in a bf16 buffer first); one layer running, the next one prefetched and one layer's
     // gradient, in backward, with the layer before's reduce-scatter in flight meanwhile (all its pieces at once:
     // fp32 send and receive buffers of the whole layer). The head's reduce-scatter in forward goes a piece at a time
-    // (two pieces of FsdpUnit::kReducePieceElements at most). Kept from forward to backward (no resharding): every
-    // layer, and an untied embedding.
+    // (two pieces of FsdpUnit::kReducePieceElements at most); when the logits' gradient is the smaller, it is kept
+    // instead of the weight's gradient, which is made from it a piece at a time (model/fused_cross_entropy.hpp).
+    // Kept from forward to backward (no resharding): every layer, and an untied embedding.
     const int64_t staging = g == 4 ? 0 : g;
-    const int64_t head_phase =
-        (8 + staging) * head_weight + 2 * 4 * std::min(parallel::FsdpUnit::kReducePieceElements, head_weight);
+    const int64_t head_gradient = model::logit_gradients_fit_in_weight_gradient(tokens, D, settings.compute_dtype)
+                                      ? tokens * V * c
+                                      : 4 * head_weight;
+    const int64_t head_phase = (4 + staging) * head_weight + head_gradient +
+                               2 * 4 * std::min(parallel::FsdpUnit::kReducePieceElements, head_weight);
     const int64_t layer_phase = (4 + 4 + 4 + 2 * staging) * layer + 2 * 4 * layer;
     d.gathered = std::max(head_phase, layer_phase);
     if (!settings.parallel.reshard_after_forward)
@@ -75,7 +80,6 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
     // bf16 compute the bf16 copies of every layer weight that backward keeps.
     d.gathered = 4 * layer + (c == 2 ? 2 * L * layer : 0);
   }
-  const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.micro_batches) * T;
   // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs, normalized
   // values and outputs, q/k before and after RoPE, v, the attention output before o_proj, the residual sums, the
   // MLP's gate, up, silu and product; the attention scores and probabilities in fp32.
