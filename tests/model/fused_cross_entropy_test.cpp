@@ -1,7 +1,7 @@
 // fused_cross_entropy_test.cpp — the chunked head loss against libtorch's unfused cross_entropy over full logits:
 // loss and both gradients, for uneven chunks, fp32 and bf16, a scaled incoming gradient, a tied weight used
 // elsewhere in the graph, no gradients computed outside grad mode, and the weight's gradient made a range of elements
-// at a time from the kept logits' gradient.
+// at a time from the kept logits' gradient, and the weight given a block of rows at a time (online softmax).
 #include "meshtrain/model/fused_cross_entropy.hpp"
 
 #include <gtest/gtest.h>
@@ -97,6 +97,44 @@ TEST(FusedCrossEntropyTest, WeightGradientFromTheLogitGradientsEqualsTheWholeGra
   EXPECT_TRUE(logit_gradients_fit_in_weight_gradient(768, 768, torch::kFloat32));
   EXPECT_FALSE(logit_gradients_fit_in_weight_gradient(769, 768, torch::kFloat32));
   EXPECT_TRUE(logit_gradients_fit_in_weight_gradient(1536, 768, torch::kBFloat16));
+}
+
+TEST(FusedCrossEntropyTest, AWeightGivenInBlocksOfRowsInAnyOrderGivesTheSameLossAndGradients) {
+  for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const Inputs in = inputs(dtype);
+    const CrossEntropyWithLogitGradients whole(in.hidden_ND, in.weight_VD, in.targets_N, 7);
+    // Blocks of rows [40, 53) then [0, 5) + [20, 40) (two ranges in one block) then [5, 20), the weight in fp32.
+    const std::vector<std::vector<std::pair<int64_t, int64_t>>> blocks = {{{40, 13}}, {{0, 5}, {20, 20}}, {{5, 15}}};
+    size_t next = 0;
+    const CrossEntropyWithLogitGradients by_blocks(in.hidden_ND, kV, in.targets_N, 7, [&] {
+      CrossEntropyWithLogitGradients::WeightBlock block;
+      if (next == blocks.size()) return block;
+      std::vector<torch::Tensor> rows;
+      for (const auto& [first, count] : blocks[next]) rows.push_back(in.weight_VD.detach().narrow(0, first, count));
+      block.weight_RD = torch::cat(rows);
+      block.row_ranges = blocks[next++];
+      return block;
+    });
+    const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
+    EXPECT_NEAR(by_blocks.loss().item<double>(), whole.loss().item<double>(), tolerance * kN) << dtype;
+    EXPECT_EQ(by_blocks.grad_hidden_ND().scalar_type(), dtype);
+    EXPECT_TRUE(torch::allclose(by_blocks.grad_hidden_ND().to(torch::kFloat32),
+                                whole.grad_hidden_ND().to(torch::kFloat32), tolerance, tolerance)) << dtype;
+    EXPECT_TRUE(torch::allclose(by_blocks.weight_gradient_elements(0, kV * kD),
+                                whole.weight_gradient_elements(0, kV * kD), tolerance, tolerance)) << dtype;
+  }
+  // Every row exactly once: a block short of the vocabulary is refused.
+  const Inputs in = inputs(torch::kFloat32);
+  bool given = false;
+  EXPECT_THROW(CrossEntropyWithLogitGradients(in.hidden_ND, kV, in.targets_N, 7, [&] {
+                 CrossEntropyWithLogitGradients::WeightBlock block;
+                 if (given) return block;
+                 given = true;
+                 block.weight_RD = in.weight_VD.detach().narrow(0, 0, kV - 1);
+                 block.row_ranges = {{0, kV - 1}};
+                 return block;
+               }),
+               std::exception);
 }
 
 TEST(FusedCrossEntropyTest, OutsideGradModeOnlyTheLossIsComputed) {

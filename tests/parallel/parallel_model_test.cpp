@@ -25,9 +25,9 @@ using testing::run_on_all_devices;
 
 constexpr int64_t kRows = 8, kSeq = 12;
 
-model::LlamaConfig tiny_config(bool tied = false, bool moe = false) {
+model::LlamaConfig tiny_config(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
   model::LlamaConfig c;
-  c.vocab_size = 40;
+  c.vocab_size = vocab_size;
   c.hidden_size = 32;
   c.intermediate_size = 48;
   c.num_hidden_layers = 2;
@@ -47,17 +47,17 @@ model::LlamaConfig tiny_config(bool tied = false, bool moe = false) {
 constexpr uint64_t kSeed = 7;
 
 // The whole model, initialized on one device.
-std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe = false) {
-  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe));
+std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
+  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe, vocab_size));
   model::initialize_parameters(*m, kSeed);
   return m;
 }
 
 // A device's model on a mesh: built unwritten, each device initializing only its pieces.
 ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options = {}, bool tied = false,
-                            bool moe = false) {
-  return ParallelModel(std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe)), ctx, options,
-                       model::initial_value_source(tiny_config(tied, moe), kSeed));
+                            bool moe = false, int64_t vocab_size = 40) {
+  return ParallelModel(std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe, vocab_size)), ctx, options,
+                       model::initial_value_source(tiny_config(tied, moe, vocab_size), kSeed));
 }
 
 // Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others). Ends with a barrier over the
@@ -93,8 +93,8 @@ struct Reference {
 };
 
 // The single-device loss and gradients (a Mixtral's with its load-balancing loss's, as Hugging Face trains it).
-Reference single_device_reference(bool tied, bool moe) {
-  auto m = fresh_model(tied, moe);
+Reference single_device_reference(bool tied, bool moe, int64_t vocab_size) {
+  auto m = fresh_model(tied, moe, vocab_size);
   const at::Tensor t = tokens_BT();
   at::Tensor loss = scaled_loss(m->forward(t.narrow(1, 0, kSeq)), t.narrow(1, 1, kSeq), 1);
   loss.backward();
@@ -112,14 +112,14 @@ Reference single_device_reference(bool tied, bool moe) {
 // One forward/backward of the parallel model on `mesh` (batch rows over (data, fsdp, expert)); checks loss, every
 // full gradient and the norm against the single-device run.
 void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool moe = false,
-                   int checkpoint_every = 0) {
-  const Reference ref = single_device_reference(tied, moe);
+                   int checkpoint_every = 0, int64_t vocab_size = 40) {
+  const Reference ref = single_device_reference(tied, moe, vocab_size);
   std::mutex mutex;
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     ParallelOptions options;
     options.reshard_after_forward = reshard;
     options.checkpoint_every = checkpoint_every;
-    ParallelModel pm = sharded_model(ctx, options, tied, moe);
+    ParallelModel pm = sharded_model(ctx, options, tied, moe, vocab_size);
     const std::vector<Axis> batch_axes{Axis::data, Axis::fsdp, Axis::expert};
     const int parts = mesh.size_along(batch_axes), part = mesh.index_along(ctx.device(), batch_axes);
     const at::Tensor rows = tokens_BT().chunk(parts, 0)[part];
@@ -167,6 +167,18 @@ TEST(ParallelModelTest, OneDeviceMatchesTheModelWithoutCommunication) {
 TEST(ParallelModelTest, FsdpReshardedAfterForwardMatchesOneDevice) { expect_parity(ici(1, 4, 1, 2), true); }
 TEST(ParallelModelTest, FsdpKeptFromForwardToBackwardMatchesOneDevice) { expect_parity(ici(1, 2, 1), false); }
 TEST(ParallelModelTest, FsdpWithTiedEmbeddingsMatchesOneDevice) { expect_parity(ici(1, 4, 1), true, true); }
+TEST(ParallelModelTest, FsdpHeadTakenAPieceAtATimeMatchesOneDevice) {
+  // 70000 x 32 elements: each device's shard of the head (17500 rows) comes in two pieces (16384 and 1116 rows of
+  // every shard) through the online softmax; tied and untied.
+  expect_parity(ici(1, 4, 1), true, false, false, 0, 70000);
+  expect_parity(ici(1, 4, 1), true, true, false, 0, 70000);
+  // 24 tokens per device against hidden size 32: by pieces; 96 tokens: the logits' gradient would be larger.
+  expect_no_failures(run_on_all_devices(ici(1, 4, 1), [](runtime::DeviceContext& ctx) {
+    ParallelModel pm = sharded_model(ctx, {}, false, false, 70000);
+    EXPECT_TRUE(pm.head_by_pieces(24));
+    EXPECT_FALSE(pm.head_by_pieces(96));
+  }));
+}
 TEST(ParallelModelTest, DataParallelMatchesOneDevice) { expect_parity(ici(2, 1, 1), true); }
 TEST(ParallelModelTest, HybridDataAndFsdpMatchesOneDevice) { expect_parity(ici(2, 2, 1, 2), true); }
 TEST(ParallelModelTest, TensorParallelMatchesOneDevice) { expect_parity(ici(1, 1, 2), true); }

@@ -4,6 +4,8 @@
 
 #include "meshtrain/common/error.hpp"
 
+#include <limits>
+
 namespace meshtrain::model {
 namespace {
 
@@ -111,6 +113,65 @@ CrossEntropyWithLogitGradients::CrossEntropyWithLogitGradients(const torch::Tens
   grad_logits_NV_ = std::move(pass.grad_logits_NV);
   loss_ = std::move(pass.loss);
   grad_hidden_ND_ = std::move(pass.grad_hidden_ND);
+}
+
+CrossEntropyWithLogitGradients::CrossEntropyWithLogitGradients(const torch::Tensor& hidden_ND, int64_t vocab_size,
+                                                               const torch::Tensor& targets_N, int64_t chunk_rows,
+                                                               const std::function<WeightBlock()>& next_block) {
+  MT_CHECK(hidden_ND.dim() == 2 && targets_N.dim() == 1 && targets_N.size(0) == hidden_ND.size(0) &&
+               targets_N.scalar_type() == torch::kLong && chunk_rows >= 1 && vocab_size >= 1,
+           "CrossEntropyWithLogitGradients: expected hidden [N, D], int64 targets [N], got {}, {}",
+           c10::str(hidden_ND.sizes()), c10::str(targets_N.sizes()));
+  torch::NoGradGuard no_grad;
+  const int64_t N = hidden_ND.size(0), D = hidden_ND.size(1);
+  const at::ScalarType dtype = hidden_ND.scalar_type();
+  const torch::TensorOptions fp32 = hidden_ND.options().dtype(torch::kFloat32);
+  hidden_ND_ = hidden_ND.detach();
+  grad_logits_NV_ = torch::empty({N, vocab_size}, hidden_ND.options());  // the logits until every block is in
+  torch::Tensor max_N1 = torch::full({N, 1}, -std::numeric_limits<float>::infinity(), fp32);
+  torch::Tensor sum_N1 = torch::zeros({N, 1}, fp32), weighted_ND = torch::zeros({N, D}, fp32);
+  torch::Tensor target_logit_N1 = torch::zeros({N, 1}, fp32), target_weight_ND = torch::zeros({N, D}, fp32);
+  const torch::Tensor t_N1 = targets_N.unsqueeze(1);
+  int64_t rows_given = 0;
+  for (WeightBlock block = next_block(); block.weight_RD.defined(); block = next_block()) {
+    const torch::Tensor w_RD = block.weight_RD.to(dtype);
+    const torch::Tensor logits_NR = torch::matmul(hidden_ND_, w_RD.t());
+    // Where the block's rows go, and for each token whose target is among them, that row in the block (else -1).
+    torch::Tensor target_row_N1 = torch::full({N, 1}, -1, targets_N.options());
+    int64_t offset = 0;
+    for (const auto& [first, rows] : block.row_ranges) {
+      MT_CHECK(first >= 0 && rows >= 0 && first + rows <= vocab_size, "a weight block's rows [{}, {}) of {}", first,
+               first + rows, vocab_size);
+      grad_logits_NV_.narrow(1, first, rows).copy_(logits_NR.narrow(1, offset, rows));
+      target_row_N1 = torch::where((t_N1 >= first) & (t_N1 < first + rows), t_N1 - first + offset, target_row_N1);
+      offset += rows;
+    }
+    MT_CHECK(offset == w_RD.size(0) && w_RD.dim() == 2 && w_RD.size(1) == D,
+             "a weight block of {} rows describes {} rows", c10::str(w_RD.sizes()), offset);
+    rows_given += offset;
+    const torch::Tensor logits32_NR = logits_NR.to(torch::kFloat32);
+    const torch::Tensor new_max_N1 = torch::maximum(max_N1, logits32_NR.amax(1, /*keepdim=*/true));
+    const torch::Tensor rescale_N1 = (max_N1 - new_max_N1).exp_();
+    const torch::Tensor scaled_NR = (logits32_NR - new_max_N1).exp_();
+    sum_N1.mul_(rescale_N1).add_(scaled_NR.sum(1, /*keepdim=*/true));
+    weighted_ND.mul_(rescale_N1).add_(torch::matmul(scaled_NR.to(dtype), w_RD).to(torch::kFloat32));
+    max_N1 = new_max_N1;
+    const torch::Tensor found_N1 = (target_row_N1 >= 0).to(torch::kFloat32), index_N1 = target_row_N1.clamp_min(0);
+    target_logit_N1.add_(logits32_NR.gather(1, index_N1) * found_N1);
+    target_weight_ND.add_(w_RD.index_select(0, index_N1.squeeze(1)).to(torch::kFloat32) * found_N1);
+  }
+  MT_CHECK(rows_given == vocab_size, "the weight blocks gave {} rows of a vocabulary of {}", rows_given, vocab_size);
+  const torch::Tensor logsumexp_N1 = max_N1 + sum_N1.log();
+  loss_ = (logsumexp_N1 - target_logit_N1).sum();
+  grad_hidden_ND_ = (weighted_ND.div_(sum_N1) - target_weight_ND).to(dtype);
+  // The logits become d loss / d logits = softmax - one_hot(target), a chunk of rows at a time.
+  for (int64_t begin = 0; begin < N; begin += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, N - begin);
+    torch::Tensor logits_CV = grad_logits_NV_.narrow(0, begin, rows);
+    torch::Tensor grad_CV = logits_CV.to(torch::kFloat32).sub_(logsumexp_N1.narrow(0, begin, rows)).exp_();
+    grad_CV.scatter_add_(1, t_N1.narrow(0, begin, rows), torch::full({rows, 1}, -1.0f));
+    logits_CV.copy_(grad_CV);
+  }
 }
 
 torch::Tensor CrossEntropyWithLogitGradients::weight_gradient_elements(int64_t from, int64_t to) const {

@@ -14,6 +14,10 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <utility>
+#include <vector>
+
 namespace meshtrain::model {
 
 // Rows per chunk for a vocabulary of `vocab_size`: about 8M logits (32 MB in fp32) at a time.
@@ -43,6 +47,18 @@ class CrossEntropyWithLogitGradients {
  public:
   CrossEntropyWithLogitGradients(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                                  const torch::Tensor& targets_N, int64_t chunk_rows);
+
+  // The weight a block of rows at a time instead (FSDP: a piece of every shard, all-gathered as the pass goes, so
+  // that the V x D weight is never whole either). next_block() gives the blocks until every one of the V rows has
+  // come once, then a block with no weight. The softmax is computed online (a running maximum and sum per token,
+  // rescaled as blocks arrive, as flash attention does) with the hidden states' gradient, softmax x W - W[target],
+  // accumulated the same way in fp32; the logits wait in the [N, V] buffer and become their gradient in place.
+  struct WeightBlock {
+    torch::Tensor weight_RD;  // fp32 or the compute dtype; undefined: no more blocks
+    std::vector<std::pair<int64_t, int64_t>> row_ranges;  // (first vocabulary row, rows), in weight_RD's row order
+  };
+  CrossEntropyWithLogitGradients(const torch::Tensor& hidden_ND, int64_t vocab_size, const torch::Tensor& targets_N,
+                                 int64_t chunk_rows, const std::function<WeightBlock()>& next_block);
   const torch::Tensor& loss() const { return loss_; }                      // fp32 scalar
   const torch::Tensor& grad_hidden_ND() const { return grad_hidden_ND_; }  // hidden_ND's dtype
   // Elements [from, to) of the weight's fp32 gradient flattened (row-major V x D): only the rows they touch are

@@ -69,6 +69,13 @@ void FsdpUnit::gather() {
   gathered_ = true;
 }
 
+runtime::PendingCollective FsdpUnit::gather_piece_async(int64_t begin, int64_t count) const {
+  MT_CHECK(begin >= 0 && count >= 1 && begin + count <= shard_.numel(), "unit {}: a piece [{}, {}) of a shard of {}",
+           label_, begin, begin + count, shard_.numel());
+  const at::Tensor piece = shard_.narrow(0, begin, count);
+  return comm_.allgather_async(gather_dtype_ == at::kFloat ? piece : piece.to(gather_dtype_));
+}
+
 void FsdpUnit::free_full() {
   if (comm_.size() == 1 || !gathered_) return;
   at::native::resize_bytes_cpu(full_.storage().unsafeGetStorageImpl(), 0);

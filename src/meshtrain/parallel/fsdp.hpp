@@ -64,6 +64,7 @@ class FsdpUnit {
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return padded_numel_; }
   at::Tensor& shard() { return shard_; }            // [padded_numel / n], what the optimizer updates
+  const at::Tensor& shard() const { return shard_; }
   at::Tensor& grad_shard() { return grad_shard_; }  // same shape
 
   void gather();
@@ -71,6 +72,10 @@ class FsdpUnit {
   void prefetch();
   void free_full();
   bool gathered() const { return gathered_; }
+  // For a pass that takes the unit a piece at a time instead of gathered whole (the head's loss): starts the
+  // all-gather of elements [begin, begin + count) of every rank's shard, [n * count] in the gather dtype, rank r's
+  // piece (flat elements r * shard numel + begin onwards) at r * count. Collective over fsdp.
+  runtime::PendingCollective gather_piece_async(int64_t begin, int64_t count) const;
   // Reads every member's .grad (zeros for a member that got none), reduce-scatters the flat gradient into
   // grad_shard() (added), resets the .grads and frees the full buffer.
   void reduce_gradients_from_params();

@@ -44,14 +44,37 @@ struct GradientBoundary : torch::autograd::Function<GradientBoundary> {
   }
 };
 
+// The head's weight for CrossEntropyWithLogitGradients a piece of every shard at a time (whole rows: the caller
+// checks that a shard holds whole rows), each piece's all-gather started while the one before is computed on.
+std::function<model::CrossEntropyWithLogitGradients::WeightBlock()> head_blocks(const FsdpUnit& head) {
+  const int n = static_cast<int>(head.padded_numel() / head.shard().numel());
+  const int64_t shard_numel = head.shard().numel(), D = head.members().front().shape.at(1);
+  const int64_t piece_numel = std::max<int64_t>(1, FsdpUnit::kReducePieceElements / n / D) * D;
+  auto begin = std::make_shared<int64_t>(0);
+  auto next = std::make_shared<std::optional<runtime::PendingCollective>>(
+      head.gather_piece_async(0, std::min(piece_numel, shard_numel)));
+  return [&head, n, shard_numel, D, piece_numel, begin, next]() {
+    model::CrossEntropyWithLogitGradients::WeightBlock block;
+    if (!next->has_value()) return block;
+    const int64_t count = std::min(piece_numel, shard_numel - *begin);
+    block.weight_RD = (*next)->wait().view({n * count / D, D});
+    for (int r = 0; r < n; ++r) block.row_ranges.emplace_back((r * shard_numel + *begin) / D, count / D);
+    *begin += count;
+    next->reset();
+    if (*begin < shard_numel) *next = head.gather_piece_async(*begin, std::min(piece_numel, shard_numel - *begin));
+    return block;
+  };
+}
+
 // The training loss of the output head, the fused chunked cross-entropy (model/fused_cross_entropy.hpp) with its
 // weight's gradient handled here: reduce-scattered as soon as the pass has made it, then the head's gathered weight
 // and that V x D gradient are freed, so neither sits through the backward, which starts at the peak of the
 // activations. Sharded (fsdp > 1), and when the logits' gradient is the smaller of the two, the V x D gradient is
-// never whole: the gathered weight is freed right after the pass and each reduce-scatter piece's rows of the
-// gradient are computed from the logits' gradient as the piece is filled. Kept for backward: the hidden states'
-// gradient and this device's shard of the weight's; backward scales both by the incoming gradient and adds the
-// shard to the head unit's gradient shard.
+// never whole: the pass keeps the logits' gradient, and each reduce-scatter piece's elements of the weight's
+// gradient are computed from it as the piece is filled. If the head was not gathered (ParallelModel::loss_sum
+// leaves it so when its shards hold whole rows), neither is its weight: the pass takes it a piece at a time.
+// Kept for backward: the hidden states' gradient and this device's shard of the weight's; backward scales both by
+// the incoming gradient and adds the shard to the head unit's gradient shard.
 struct HeadLoss : torch::autograd::Function<HeadLoss> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden_ND, const at::Tensor& targets_N,
                             FsdpUnit* head, int64_t chunk_rows) {
@@ -60,6 +83,7 @@ struct HeadLoss : torch::autograd::Function<HeadLoss> {
     const bool sharded = head->shard().numel() < head->padded_numel();
     if (!sharded ||
         !model::logit_gradients_fit_in_weight_gradient(hidden_ND.size(0), hidden_ND.size(1), hidden_ND.scalar_type())) {
+      head->gather();  // a no-op unless the forward planned otherwise (ParallelModel::head_by_pieces)
       model::CrossEntropyWithGradients pass =
           model::cross_entropy_with_gradients(hidden_ND, weight_VD, targets_N, chunk_rows);
       weight_grad_shard = head->reduce_scatter({pass.grad_weight_VD});
@@ -67,7 +91,11 @@ struct HeadLoss : torch::autograd::Function<HeadLoss> {
       loss = pass.loss;
       grad_hidden_ND = pass.grad_hidden_ND;
     } else {
-      const model::CrossEntropyWithLogitGradients pass(hidden_ND, weight_VD, targets_N, chunk_rows);
+      const model::CrossEntropyWithLogitGradients pass =
+          head->gathered()
+              ? model::CrossEntropyWithLogitGradients(hidden_ND, weight_VD, targets_N, chunk_rows)
+              : model::CrossEntropyWithLogitGradients(hidden_ND, head->members().front().shape.at(0), targets_N,
+                                                      chunk_rows, head_blocks(*head));
       head->free_full();
       weight_grad_shard = head->reduce_scatter([&pass](size_t, int64_t from, int64_t to, at::Tensor& into) {
         into.copy_(pass.weight_gradient_elements(from, to));
@@ -240,7 +268,7 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   for (FsdpUnit* unit : next) unit->prefetch();
   if (next.empty()) {
     final_norm_->prefetch();
-    head().prefetch();
+    if (!head_by_pieces_) head().prefetch();
   }
   const bool checkpointed = options_.checkpoint_every > 0 && index % options_.checkpoint_every == 0;
   at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope.cos_TE, rope.sin_TE)
@@ -258,7 +286,16 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   return y_BTD;
 }
 
+bool ParallelModel::head_by_pieces(int64_t tokens) {
+  const FsdpUnit& h = head();
+  const int64_t D = h.members().front().shape.at(1);
+  return torch::GradMode::is_enabled() && h.shard().numel() < h.padded_numel() && h.padded_numel() == h.numel() &&
+         h.shard().numel() % D == 0 &&
+         model::logit_gradients_fit_in_weight_gradient(tokens, D, model_->compute_dtype());
+}
+
 at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT) {
+  head_by_pieces_ = head_by_pieces(tokens_BT.numel());
   embedding_->gather();
   at::Tensor x_BTD = model_->embed(tokens_BT);
   if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
@@ -270,9 +307,9 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   const at::Tensor hidden_ND = hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), targets_N = targets_BT.reshape({-1});
   const int64_t chunk_rows = model::cross_entropy_chunk_rows(model_->config().vocab_size);
   FsdpUnit& head_unit = head();
-  head_unit.gather();
-  if (torch::GradMode::is_enabled() && hidden_ND.requires_grad())
-    return HeadLoss::apply(hidden_ND, targets_N, &head_unit, chunk_rows);
+  const bool training = torch::GradMode::is_enabled() && hidden_ND.requires_grad();
+  if (!(training && head_by_pieces_)) head_unit.gather();  // else HeadLoss takes it a piece at a time
+  if (training) return HeadLoss::apply(hidden_ND, targets_N, &head_unit, chunk_rows);
   const at::Tensor loss = model::fused_cross_entropy_sum(hidden_ND, head_unit.members().front().param.detach(),
                                                          targets_N, chunk_rows);
   // No backward follows an evaluation to free what stayed gathered (every unit without resharding, the final norm).

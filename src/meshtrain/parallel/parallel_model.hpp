@@ -101,6 +101,11 @@ class ParallelModel {
   // "parameters 1.2 MB + gradients 1.2 MB + AdamW 2.4 MB per device (fsdp=4, tensor=1); largest gathered unit 0.4 MB"
   std::string memory_summary() const;
 
+  // Whether a training loss over `tokens` tokens per device takes the head's weight a piece of every shard at a time
+  // instead of gathering it whole (HeadLoss in parallel_model.cpp): sharded, whole rows in every shard, and the
+  // logits' gradient no larger than the weight's.
+  bool head_by_pieces(int64_t tokens);
+
  private:
   at::Tensor run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
                        const model::RopeTables& rope);
@@ -139,6 +144,7 @@ class ParallelModel {
   std::unique_ptr<FsdpUnit> lm_head_;               // lm_head; null when tied
   std::vector<std::unique_ptr<FsdpUnit>> expert_units_;  // a Mixtral's: this device's experts of each layer
   FsdpUnit* reducing_ = nullptr;  // the unit whose gradient reduce-scatter is in flight (backward)
+  bool head_by_pieces_ = false;   // head_by_pieces() for this forward's tokens (set by loss_sum())
 };
 
 }  // namespace meshtrain::parallel

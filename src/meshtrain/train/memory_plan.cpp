@@ -63,14 +63,16 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
     // gradient, in backward, with the layer before's reduce-scatter in flight meanwhile (all its pieces at once:
     // fp32 send and receive buffers of the whole layer). The head's reduce-scatter in forward goes a piece at a time
     // (two pieces of FsdpUnit::kReducePieceElements at most); when the logits' gradient is the smaller, it is kept
-    // instead of the weight's gradient, which is made from it a piece at a time (model/fused_cross_entropy.hpp).
+    // instead of the weight's gradient, which is made from it a piece at a time (model/fused_cross_entropy.hpp),
+    // and when the shards also hold whole rows the weight itself comes a piece at a time (two in flight).
     // Kept from forward to backward (no resharding): every layer, and an untied embedding.
     const int64_t staging = g == 4 ? 0 : g;
-    const int64_t head_gradient = model::logit_gradients_fit_in_weight_gradient(tokens, D, settings.compute_dtype)
-                                      ? tokens * V * c
-                                      : 4 * head_weight;
-    const int64_t head_phase = (4 + staging) * head_weight + head_gradient +
-                               2 * 4 * std::min(parallel::FsdpUnit::kReducePieceElements, head_weight);
+    const int64_t piece = std::min(parallel::FsdpUnit::kReducePieceElements, head_weight);
+    const bool by_logit_gradients = model::logit_gradients_fit_in_weight_gradient(tokens, D, settings.compute_dtype);
+    const int64_t head_weight_gathered =
+        by_logit_gradients && V % layout.fsdp == 0 ? 2 * (4 + staging) * piece : (4 + staging) * head_weight;
+    const int64_t head_gradient = by_logit_gradients ? tokens * V * c : 4 * head_weight;
+    const int64_t head_phase = head_weight_gathered + head_gradient + 2 * 4 * piece;
     const int64_t layer_phase = (4 + 4 + 4 + 2 * staging) * layer + 2 * 4 * layer;
     d.gathered = std::max(head_phase, layer_phase);
     if (!settings.parallel.reshard_after_forward)
