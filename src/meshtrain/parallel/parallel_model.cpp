@@ -116,6 +116,25 @@ struct HeadLoss : torch::autograd::Function<HeadLoss> {
   }
 };
 
+// The embedding lookup's backward without a V x D gradient: the lookup runs outside autograd, and this identity on
+// its output hands the incoming gradient (a row per token) with the token ids to `lookups`, from which
+// ParallelModel::finish_backward() makes the table's gradient a piece at a time. `table` is an input only so that
+// autograd runs this node; it gets no gradient here.
+struct EmbeddingGradientRows : torch::autograd::Function<EmbeddingGradientRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_BTD, const at::Tensor& table,
+                            const at::Tensor& tokens_BT, std::vector<ParallelModel::LookupGradient>* lookups) {
+    ctx->saved_data["lookups"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(lookups));
+    ctx->saved_data["tokens"] = tokens_BT;
+    return x_BTD.view_as(x_BTD);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* lookups = reinterpret_cast<std::vector<ParallelModel::LookupGradient>*>(
+        static_cast<intptr_t>(ctx->saved_data["lookups"].toInt()));
+    lookups->push_back({ctx->saved_data["tokens"].toTensor().reshape({-1}), grads[0].reshape({-1, grads[0].size(-1)})});
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 // A decoder layer that keeps only its input: forward runs without recording a graph; backward runs the layer's
 // forward again with grad (its parameters gathered again by then: the hook on the output) and backpropagates
 // through it, which accumulates the parameter gradients and gives the input's (PyTorch's reentrant checkpoint).
@@ -297,7 +316,16 @@ bool ParallelModel::head_by_pieces(int64_t tokens) {
 at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT) {
   head_by_pieces_ = head_by_pieces(tokens_BT.numel());
   embedding_->gather();
-  at::Tensor x_BTD = model_->embed(tokens_BT);
+  at::Tensor x_BTD;
+  if (torch::GradMode::is_enabled()) {
+    {
+      torch::NoGradGuard no_grad;
+      x_BTD = model_->embed(tokens_BT);
+    }
+    x_BTD = EmbeddingGradientRows::apply(x_BTD, embedding_->members().front().param, tokens_BT, &lookup_gradients_);
+  } else {
+    x_BTD = model_->embed(tokens_BT);
+  }
   if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
   x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD), final_norm_.get(), &reducing_);
   if (model::RouterStats* stats = model_->router_stats().get())
@@ -320,7 +348,34 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
 void ParallelModel::finish_backward() {
   if (reducing_) reducing_->finish_reducing_gradients();
   reducing_ = nullptr;
-  embedding_->reduce_gradients_from_params();
+  reduce_embedding_gradient();
+}
+
+void ParallelModel::reduce_embedding_gradient() {
+  FsdpUnit& table = *embedding_;
+  const FsdpUnit::Member& m = table.members().front();
+  MT_CHECK(!m.param.grad().defined(), "the embedding table got a gradient through autograd: its lookups' gradient "
+           "is reduced from their rows");
+  const int64_t D = m.shape.at(1);
+  if (fsdp_comm_.size() == 1) {  // the shard is the table: add the rows in place
+    at::Tensor table_grad_VD = table.grad_shard().narrow(0, m.offset, m.numel).view(m.shape);
+    for (const LookupGradient& g : lookup_gradients_) table_grad_VD.index_add_(0, g.tokens_N, g.grad_ND.to(at::kFloat));
+  } else {
+    // Elements [from, to) of the table's gradient: the rows they touch, each the sum of its tokens' gradient rows.
+    at::Tensor reduced = table.reduce_scatter([this, D](size_t, int64_t from, int64_t to, at::Tensor& into) {
+      const int64_t first = from / D, end = (to + D - 1) / D;
+      at::Tensor rows_RD = at::zeros({end - first, D}, at::kFloat);
+      for (const LookupGradient& g : lookup_gradients_) {
+        const at::Tensor here_K = ((g.tokens_N >= first) & (g.tokens_N < end)).nonzero().squeeze(1);
+        rows_RD.index_add_(0, g.tokens_N.index_select(0, here_K) - first,
+                           g.grad_ND.index_select(0, here_K).to(at::kFloat));
+      }
+      into.copy_(rows_RD.view({-1}).narrow(0, from - first * D, to - from));
+    });
+    table.grad_shard().add_(reduced);
+  }
+  lookup_gradients_.clear();
+  table.free_full();
 }
 
 void ParallelModel::synchronize_gradients() {

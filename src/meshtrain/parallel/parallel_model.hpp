@@ -74,6 +74,10 @@ class ParallelModel {
   // After loss.backward(): waits for the last layer gradient reduce-scatter still in flight and reduce-scatters the
   // embedding's gradients (the others' were during the backward).
   void finish_backward();
+  // What an embedding lookup's backward leaves for finish_backward(): the token ids and their gradient rows.
+  struct LookupGradient {
+    at::Tensor tokens_N, grad_ND;
+  };
   // After the last micro-batch of a step: all-reduces every gradient shard over `data`.
   void synchronize_gradients();
   // The L2 norm of the whole model's gradient (every shard on every device counted once). Same on every device.
@@ -145,6 +149,10 @@ class ParallelModel {
   std::vector<std::unique_ptr<FsdpUnit>> expert_units_;  // a Mixtral's: this device's experts of each layer
   FsdpUnit* reducing_ = nullptr;  // the unit whose gradient reduce-scatter is in flight (backward)
   bool head_by_pieces_ = false;   // head_by_pieces() for this forward's tokens (set by loss_sum())
+  std::vector<LookupGradient> lookup_gradients_;  // the embedding lookups' gradient rows since finish_backward()
+  // The table's gradient from lookup_gradients_, reduce-scattered a piece at a time into its gradient shard (with
+  // fsdp=1 added in place): the V x D gradient of a lookup never exists.
+  void reduce_embedding_gradient();
 };
 
 }  // namespace meshtrain::parallel
