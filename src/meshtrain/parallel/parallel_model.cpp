@@ -317,15 +317,12 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   head_by_pieces_ = head_by_pieces(tokens_BT.numel());
   embedding_->gather();
   at::Tensor x_BTD;
-  if (torch::GradMode::is_enabled()) {
-    {
-      torch::NoGradGuard no_grad;
-      x_BTD = model_->embed(tokens_BT);
-    }
-    x_BTD = EmbeddingGradientRows::apply(x_BTD, embedding_->members().front().param, tokens_BT, &lookup_gradients_);
-  } else {
+  {
+    torch::NoGradGuard no_grad;  // the lookup's backward is EmbeddingGradientRows'
     x_BTD = model_->embed(tokens_BT);
   }
+  if (torch::GradMode::is_enabled())
+    x_BTD = EmbeddingGradientRows::apply(x_BTD, embedding_->members().front().param, tokens_BT, &lookup_gradients_);
   if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
   x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD), final_norm_.get(), &reducing_);
   if (model::RouterStats* stats = model_->router_stats().get())
