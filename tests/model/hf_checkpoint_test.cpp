@@ -80,6 +80,34 @@ TEST_F(CheckpointTest, SafetensorsRoundTripKeepsDtypesShapesAndMetadata) {
   }
 }
 
+TEST_F(CheckpointTest, SafetensorsStreamedInPartsMatchesWhole) {
+  fs::create_directories(dir_);
+  const torch::Tensor a = torch::randn({4, 6}), b = torch::randn({5});
+  std::vector<SafetensorsEntry> entries = {{"a", torch::kFloat32, {4, 6}}, {"b", torch::kFloat32, {5}}};
+  AtomicFileWriter parts_out(dir_ / "parts.safetensors");
+  {
+    SafetensorsStreamWriter writer(parts_out, entries);
+    const torch::Tensor a_flat = a.view({-1});
+    writer.write_part(a_flat.narrow(0, 0, 7));
+    writer.write_part(a_flat.narrow(0, 7, 17));
+    try {
+      writer.write_part(torch::zeros({6}));  // b has 5 elements
+      ADD_FAILURE() << "a part longer than its tensor was written";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("does not fit its remaining 20 of 20 bytes"), std::string::npos) << e.what();
+    }
+    writer.write_next(b);
+    writer.finish();
+  }
+  parts_out.commit();
+  AtomicFileWriter whole_out(dir_ / "whole.safetensors");
+  write_safetensors(whole_out, {{"a", a}, {"b", b}});
+  whole_out.commit();
+  EXPECT_EQ(parts_out.crc32c(), whole_out.crc32c());
+  EXPECT_EQ(parts_out.bytes_written(), whole_out.bytes_written());
+  EXPECT_TRUE(torch::equal(SafetensorsFile::open(dir_ / "parts.safetensors").tensor("a"), a));
+}
+
 TEST_F(CheckpointTest, SaveLoadRoundTripIsExactAndHasHfLayout) {
   LlamaForCausalLM saved(small_config()), loaded(small_config());
   initialize_parameters(saved, 1);

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 
@@ -60,14 +61,30 @@ ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options
                        model::initial_value_source(tiny_config(tied, moe, vocab_size), kSeed));
 }
 
-// Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others). Ends with a barrier over the
-// world: a device that ended its test (closing its connections) while peers still exchanged pieces over the world
-// group would fail their transfers.
-std::map<std::string, at::Tensor> whole_tensors_on_device_0(runtime::DeviceContext& ctx, ParallelModel& pm,
-                                                            const std::vector<at::Tensor>& shard_buffers) {
+// Puts the parts assemble_whole_tensors() hands over into whole tensors in `whole` (under `mutex`), checking that
+// each tensor's parts come in order and tile it.
+ParallelModel::WholeTensorPart into_whole_tensors(const ParallelModel& pm, std::map<std::string, at::Tensor>& whole,
+                                                  std::mutex& mutex) {
+  return [&pm, &whole, &mutex](size_t index, const std::string& name, const at::Tensor& part, int64_t first) {
+    std::lock_guard<std::mutex> lock(mutex);
+    at::Tensor& tensor = whole[name];
+    if (!tensor.defined()) tensor = at::full(pm.whole_parameter_shapes().at(index).second, NAN, at::kFloat);
+    at::Tensor flat = tensor.view({-1});
+    ASSERT_TRUE(first == 0 || !std::isnan(flat[first - 1].item<float>())) << name << ": a part before its predecessor";
+    flat.narrow(0, first, part.numel()).copy_(part);
+  };
+}
+
+// Every whole tensor of `shard_buffers`, assembled on device 0 (empty on the others) in parts of `part_elements`.
+// Ends with a barrier over the world: a device that ended its test (closing its connections) while peers still
+// exchanged pieces over the world group would fail their transfers.
+std::map<std::string, at::Tensor> whole_tensors_on_device_0(
+    runtime::DeviceContext& ctx, ParallelModel& pm, const std::vector<at::Tensor>& shard_buffers,
+    int64_t part_elements = ParallelModel::kAssemblePartElements) {
   std::map<std::string, at::Tensor> whole;
-  pm.assemble_whole_tensors(shard_buffers, [](size_t) { return 0; },
-                            [&](size_t, const std::string& name, const at::Tensor& t) { whole[name] = t; });
+  std::mutex mutex;
+  pm.assemble_whole_tensors(shard_buffers, [](size_t) { return 0; }, into_whole_tensors(pm, whole, mutex),
+                            part_elements);
   ctx.world().barrier();
   return whole;
 }
@@ -179,6 +196,12 @@ TEST(ParallelModelTest, FsdpHeadTakenAPieceAtATimeMatchesOneDevice) {
     EXPECT_FALSE(pm.head_by_pieces(96));
   }));
 }
+TEST(ParallelModelTest, FsdpTableRowsAcrossShardsMatchesOneDevice) {
+  // 42 x 32 elements over 4 shards of 336: rows cut between shards, so the lookup gathers the table (elsewhere each
+  // device looks up its shard's rows, ParallelModel::rows_by_shard); tied and untied.
+  expect_parity(ici(1, 4, 1), true, false, false, 0, 42);
+  expect_parity(ici(1, 4, 1), true, true, false, 0, 42);
+}
 TEST(ParallelModelTest, DataParallelMatchesOneDevice) { expect_parity(ici(2, 1, 1), true); }
 TEST(ParallelModelTest, HybridDataAndFsdpMatchesOneDevice) { expect_parity(ici(2, 2, 1, 2), true); }
 TEST(ParallelModelTest, TensorParallelMatchesOneDevice) { expect_parity(ici(1, 1, 2), true); }
@@ -217,7 +240,8 @@ std::map<std::string, at::Tensor> perturbed_whole_tensors(const mesh::Mesh& mesh
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     ParallelModel pm = sharded_model(ctx, {}, false, moe);
     for (at::Tensor& s : pm.parameter_shards()) s.mul_(1.5);
-    std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(ctx, pm, pm.parameter_shards());
+    // Parts of 7 elements: most cut a tensor-parallel block's rows in the middle.
+    std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(ctx, pm, pm.parameter_shards(), 7);
     std::lock_guard<std::mutex> lock(mutex);
     if (ctx.device() == 0) saved = whole;
   }));
@@ -241,10 +265,7 @@ std::map<std::string, at::Tensor> reassembled_on(const mesh::Mesh& mesh, const s
     std::vector<at::Tensor> shards = pm.parameter_shards();
     pm.load_shards(shards, model::slices_of_whole_tensors([&](const std::string& name) { return saved.at(name); }));
     pm.assemble_whole_tensors(pm.parameter_shards(), [](size_t i) { return static_cast<int>(i % 4); },
-                              [&](size_t, const std::string& name, const at::Tensor& whole) {
-                                std::lock_guard<std::mutex> lock(mutex);
-                                reassembled[name] = whole;
-                              });
+                              into_whole_tensors(pm, reassembled, mutex), 7);
     sent_bytes[ctx.device()] = ctx.counters().bytes(runtime::Collective::point_to_point);
     ctx.world().barrier();  // as in whole_tensors_on_device_0
   }));

@@ -13,7 +13,8 @@ config::Config run_config(const std::vector<std::string>& overrides) {
 }
 
 std::vector<at::Tensor> random_params() {
-  return {torch::randn({7}), torch::randn({3, 5}), torch::randn({2, 3, 4})};
+  // The last is updated in three chunks (AdamW::kChunkElements), the third a partial one.
+  return {torch::randn({7}), torch::randn({3, 5}), torch::randn({2, 3, 4}), torch::randn({600001})};
 }
 
 std::vector<at::Tensor> random_grads(const std::vector<at::Tensor>& params) {

@@ -203,6 +203,11 @@ const RopeTables& LlamaForCausalLM::rope_for(int64_t seq_len) {
 }
 
 torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT) {
+  return embed(tokens_BT, [this](const torch::Tensor& tokens) { return model->embed_tokens->forward(tokens); });
+}
+
+torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT,
+                                      const std::function<torch::Tensor(const torch::Tensor&)>& rows_of) {
   MT_USER_CHECK(tokens_BT.dim() == 2 && tokens_BT.scalar_type() == torch::kInt64,
                 "model input must be int64 tokens [batch, seq], got {} {}", c10::toString(tokens_BT.scalar_type()),
                 c10::str(tokens_BT.sizes()));
@@ -210,7 +215,7 @@ torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT) {
                 "sequence of {} tokens exceeds max_position_embeddings {}", tokens_BT.size(1),
                 config_.max_position_embeddings);
   if (router_stats_) router_stats_->begin_forward();
-  return model->embed_tokens->forward(tokens_BT).to(compute_dtype_);
+  return rows_of(tokens_BT).to(compute_dtype_);
 }
 
 torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD) {

@@ -79,6 +79,8 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(AtomicFileWriter& out, std::vec
 
 void SafetensorsStreamWriter::write_next(const torch::Tensor& tensor) {
   MT_CHECK(next_ < entries_.size(), "safetensors: {} tensors announced, a {}th written", entries_.size(), next_ + 1);
+  MT_CHECK(next_bytes_written_ == 0, "safetensors: tensor {} given whole after a part of it",
+           entries_[next_].name);
   const SafetensorsEntry& e = entries_[next_++];
   MT_CHECK(tensor.device().is_cpu() && tensor.scalar_type() == e.dtype && tensor.sizes().vec() == e.shape,
            "safetensors: tensor {} is {} {} on {}, announced as {} {}", e.name, c10::toString(tensor.scalar_type()),
@@ -86,6 +88,25 @@ void SafetensorsStreamWriter::write_next(const torch::Tensor& tensor) {
            c10::str(c10::IntArrayRef(e.shape)));
   const torch::Tensor contiguous = tensor.contiguous();
   out_.write(contiguous.data_ptr(), contiguous.nbytes());
+}
+
+void SafetensorsStreamWriter::write_part(const torch::Tensor& elements) {
+  MT_CHECK(next_ < entries_.size(), "safetensors: {} tensors announced, a part of a {}th written", entries_.size(),
+           next_ + 1);
+  const SafetensorsEntry& e = entries_[next_];
+  const torch::Tensor contiguous = elements.contiguous();
+  const uint64_t size = e.end - e.begin;
+  MT_CHECK(elements.device().is_cpu() && elements.scalar_type() == e.dtype &&
+               next_bytes_written_ + contiguous.nbytes() <= size,
+           "safetensors: a part of tensor {} ({} {} on {}) that does not fit its remaining {} of {} bytes of {}", e.name,
+           c10::str(elements.sizes()), c10::toString(elements.scalar_type()), c10::str(elements.device()),
+           size - next_bytes_written_, size, c10::toString(e.dtype));
+  out_.write(contiguous.data_ptr(), contiguous.nbytes());
+  next_bytes_written_ += contiguous.nbytes();
+  if (next_bytes_written_ == size) {
+    ++next_;
+    next_bytes_written_ = 0;
+  }
 }
 
 void SafetensorsStreamWriter::finish() const {

@@ -28,8 +28,8 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;  // byte range within the data section
 };
 
-// A safetensors file written one tensor at a time: the header (every entry's name, dtype and shape, in order) first,
-// then each tensor's bytes in that order, so the writer never needs more than one tensor in memory.
+// A safetensors file written one tensor (or part of a tensor) at a time: the header (every entry's name, dtype and shape, in order) first,
+// then each tensor's bytes in that order, so the writer never needs more than one tensor, or one part, in memory.
 class SafetensorsStreamWriter {
  public:
   // Writes the header; the entries' byte ranges are assigned here (begin/end are ignored).
@@ -37,6 +37,9 @@ class SafetensorsStreamWriter {
                           const std::map<std::string, std::string>& metadata = {});
   // The next entry's tensor (CPU, its dtype and shape).
   void write_next(const torch::Tensor& tensor);
+  // The next elements (row-major) of the current entry, in its dtype, any shape: an entry is written once all its
+  // elements have come, whole or in parts, which never span two entries.
+  void write_part(const torch::Tensor& elements);
   // Error unless every entry was written.
   void finish() const;
 
@@ -44,6 +47,7 @@ class SafetensorsStreamWriter {
   AtomicFileWriter& out_;
   std::vector<SafetensorsEntry> entries_;
   size_t next_ = 0;
+  uint64_t next_bytes_written_ = 0;  // of entries_[next_], by write_part
 };
 
 // Writes `tensors` (CPU; any dtype with a safetensors name) in the given order, then the metadata strings.

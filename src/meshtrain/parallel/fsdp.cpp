@@ -58,7 +58,8 @@ at::Tensor FsdpUnit::gather_destination() {
 
 void FsdpUnit::prefetch() {
   if (gathered_ || pending_) return;
-  pending_ = comm_.allgather_async(shard_to_send(), gather_destination());
+  // Between the devices of one host the destination is made when the gather is waited for (Comm::allgather_async).
+  pending_ = comm_.allgather_async(shard_to_send(), [this](c10::IntArrayRef) { return gather_destination(); });
 }
 
 void FsdpUnit::gather() {

@@ -313,13 +313,37 @@ bool ParallelModel::head_by_pieces(int64_t tokens) {
          model::logit_gradients_fit_in_weight_gradient(tokens, D, model_->compute_dtype());
 }
 
+bool ParallelModel::lookup_by_rows() const {
+  const FsdpUnit& table = *embedding_;
+  const int64_t D = table.members().front().shape.at(1);
+  return fsdp_comm_.size() > 1 && table.padded_numel() == table.numel() && table.shard().numel() % D == 0;
+}
+
+at::Tensor ParallelModel::rows_by_shard(const at::Tensor& tokens_BT) {
+  const FsdpUnit& table = *embedding_;
+  const int64_t V = table.members().front().shape.at(0), D = table.members().front().shape.at(1);
+  const at::Tensor tokens_N = fsdp_comm_.allgather(tokens_BT.reshape({-1}).contiguous());  // the group's, in rank order
+  const int64_t min_token = tokens_N.min().item<int64_t>(), max_token = tokens_N.max().item<int64_t>();
+  MT_CHECK(min_token >= 0 && max_token < V, "token ids from {} to {} for an embedding of {} rows", min_token,
+           max_token, V);
+  const int64_t rows = table.shard().numel() / D, first = fsdp_comm_.rank() * rows;
+  const at::Tensor here_K = ((tokens_N >= first) & (tokens_N < first + rows)).nonzero().squeeze(1);
+  at::Tensor rows_ND = at::zeros({tokens_N.size(0), D}, at::kFloat);
+  rows_ND.index_copy_(0, here_K, table.shard().view({rows, D}).index_select(0, tokens_N.index_select(0, here_K) - first));
+  std::vector<int64_t> shape = tokens_BT.sizes().vec();
+  shape.push_back(D);
+  return fsdp_comm_.reduce_scatter_sum(rows_ND).view(shape);
+}
+
 at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT) {
   head_by_pieces_ = head_by_pieces(tokens_BT.numel());
-  embedding_->gather();
+  const bool by_rows = lookup_by_rows();
+  if (!by_rows) embedding_->gather();
   at::Tensor x_BTD;
   {
     torch::NoGradGuard no_grad;  // the lookup's backward is EmbeddingGradientRows'
-    x_BTD = model_->embed(tokens_BT);
+    x_BTD = by_rows ? model_->embed(tokens_BT, [this](const at::Tensor& tokens) { return rows_by_shard(tokens); })
+                    : model_->embed(tokens_BT);
   }
   if (torch::GradMode::is_enabled())
     x_BTD = EmbeddingGradientRows::apply(x_BTD, embedding_->members().front().param, tokens_BT, &lookup_gradients_);
@@ -357,6 +381,43 @@ void ParallelModel::reduce_embedding_gradient() {
   if (fsdp_comm_.size() == 1) {  // the shard is the table: add the rows in place
     at::Tensor table_grad_VD = table.grad_shard().narrow(0, m.offset, m.numel).view(m.shape);
     for (const LookupGradient& g : lookup_gradients_) table_grad_VD.index_add_(0, g.tokens_N, g.grad_ND.to(at::kFloat));
+  } else if (lookup_by_rows()) {
+    // Every device's token ids and gradient rows; this device sums those of its rows, each device's sum apart and
+    // then in rank order (the order of a reduce-scatter's sum: the same bits as the pieces' path below), over the
+    // rows some token touched only.
+    const int n = fsdp_comm_.size();
+    const int64_t rows = table.grad_shard().numel() / D, first = fsdp_comm_.rank() * rows;
+    struct Gathered {
+      at::Tensor rows_K, grad_KD;  // the group's tokens in this shard (rank order) as rows of it, their gradient rows
+      std::vector<int64_t> per_device;  // how many of them each device's
+    };
+    std::vector<Gathered> gathered;
+    std::vector<at::Tensor> all_rows;
+    for (const LookupGradient& g : lookup_gradients_) {
+      const at::Tensor tokens_N = fsdp_comm_.allgather(g.tokens_N.contiguous());
+      const at::Tensor grad_ND = fsdp_comm_.allgather(g.grad_ND.to(at::kFloat).contiguous());
+      const at::Tensor here_N = (tokens_N >= first) & (tokens_N < first + rows);
+      const at::Tensor here_K = here_N.nonzero().squeeze(1);
+      Gathered part{tokens_N.index_select(0, here_K) - first, grad_ND.index_select(0, here_K), {}};
+      const at::Tensor per_device = here_N.view({n, -1}).sum(1);
+      for (int r = 0; r < n; ++r) part.per_device.push_back(per_device[r].item<int64_t>());
+      all_rows.push_back(part.rows_K);
+      gathered.push_back(std::move(part));
+    }
+    const at::Tensor touched_U = std::get<0>(at::_unique(at::cat(all_rows), /*sorted=*/true));
+    at::Tensor sum_UD = at::zeros({touched_U.size(0), D}, at::kFloat), device_sum_UD = at::empty_like(sum_UD);
+    std::vector<int64_t> done(gathered.size(), 0);
+    for (int r = 0; r < n; ++r) {
+      device_sum_UD.zero_();
+      for (size_t i = 0; i < gathered.size(); ++i) {
+        const int64_t count = gathered[i].per_device[static_cast<size_t>(r)];
+        const at::Tensor rows_K = gathered[i].rows_K.narrow(0, done[i], count);
+        device_sum_UD.index_add_(0, at::searchsorted(touched_U, rows_K), gathered[i].grad_KD.narrow(0, done[i], count));
+        done[i] += count;
+      }
+      sum_UD.add_(device_sum_UD);
+    }
+    table.grad_shard().view({rows, D}).index_add_(0, touched_U, sum_UD);
   } else {
     // Elements [from, to) of the table's gradient: the rows they touch, each the sum of its tokens' gradient rows.
     at::Tensor reduced = table.reduce_scatter([this, D](size_t, int64_t from, int64_t to, at::Tensor& into) {
@@ -449,10 +510,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::whole_p
   return shapes;
 }
 
-void ParallelModel::assemble_whole_tensors(
-    const std::vector<at::Tensor>& shard_buffers, const std::function<int(size_t)>& owner,
-    const std::function<void(size_t, const std::string&, const at::Tensor&)>& fn) {
+void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_buffers,
+                                           const std::function<int(size_t)>& owner, const WholeTensorPart& fn,
+                                           int64_t part_elements) {
   MT_CHECK(shard_buffers.size() == num_units(), "{} shard buffers for {} units", shard_buffers.size(), num_units());
+  MT_CHECK(part_elements >= 1, "parts of {} elements", part_elements);
   runtime::Comm& world = ctx_.world();
   const mesh::Mesh& mesh = ctx_.mesh();
   const std::vector<mesh::Axis> all_axes(mesh::kAllAxes.begin(), mesh::kAllAxes.end());
@@ -475,44 +537,75 @@ void ParallelModel::assemble_whole_tensors(
     MT_CHECK(shard_buffers[u].numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}",
              unit(u).label(), shard_buffers[u].numel(), shard_numel);
   }
+  // The runs of `slice` (consecutive elements of the whole tensor) that fall in the whole tensor's elements
+  // [first, end): fn(index in the whole tensor, count, offset in the slice).
+  auto runs_within = [](const model::ParameterSlice& slice, int64_t first, int64_t end,
+                        const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+    slice.for_each_run([&](int64_t whole_index, int64_t count, int64_t offset) {
+      const int64_t lo = std::max(whole_index, first), hi = std::min(whole_index + count, end);
+      if (lo < hi) fn(lo, hi - lo, offset + lo - whole_index);
+    });
+  };
+  int exchange_tag = 0;  // one per exchange, counted alike on every device
   for (size_t index = 0; index < whole_parameters_.size(); ++index) {
     const WholeParameter& whole_parameter = whole_parameters_[index];
     const FsdpUnit& this_unit = unit(whole_parameter.unit);
     const FsdpUnit::Member& m = this_unit.members()[whole_parameter.member];
     const at::Tensor& shard_buffer = shard_buffers[whole_parameter.unit];
     const int dest = owner(index);
-    // The piece of this member in shard f of tensor block t.
-    auto piece = [&](int f, int t) {
-      return this_unit.piece_in_shard(m, f, tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size));
+    // The pieces of this member: shard f of tensor block t, held by world rank `source`.
+    struct Piece {
+      FsdpUnit::ShardPiece in_shard;
+      int source;
     };
-    std::vector<std::pair<int, at::Tensor>> sends, receives;
-    std::vector<std::pair<model::ParameterSlice, at::Tensor>> pieces;  // on the owner
+    std::vector<Piece> pieces;
     for (int f = 0; f < fsdp_size; ++f)
-      for (int t = 0; t < tensor_size; ++t) {
-        const auto p = piece(f, t);
-        if (!p) continue;
-        const int source = holder(f, t, whole_parameter.expert_holder);
-        if (source == me) {
-          const at::Tensor mine = shard_buffer.narrow(0, p->offset_in_shard, p->slice.numel()).contiguous();
-          if (dest == me)
-            pieces.emplace_back(p->slice, mine);
-          else
-            sends.emplace_back(dest, mine);
+      for (int t = 0; t < tensor_size; ++t)
+        if (const auto p = this_unit.piece_in_shard(
+                m, f, tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size)))
+          pieces.push_back({*p, holder(f, t, whole_parameter.expert_holder)});
+    int64_t whole_numel = 1;
+    for (int64_t d : whole_parameter.shape) whole_numel *= d;
+    for (int64_t first = 0; first < whole_numel; first += part_elements) {
+      const int64_t end = std::min(whole_numel, first + part_elements);
+      std::vector<std::pair<int, at::Tensor>> sends, receives;
+      at::Tensor part = dest == me ? at::empty({end - first}, at::kFloat) : at::Tensor();
+      // Received pieces are unpacked into `part` once the exchange is done.
+      std::vector<std::pair<const model::ParameterSlice*, at::Tensor>> unpack;
+      for (const Piece& piece : pieces) {
+        const model::ParameterSlice& slice = piece.in_shard.slice;
+        if (piece.source == me) {
+          const at::Tensor values = shard_buffer.narrow(0, piece.in_shard.offset_in_shard, slice.numel());
+          if (dest == me) {
+            runs_within(slice, first, end, [&](int64_t whole_index, int64_t count, int64_t offset) {
+              part.narrow(0, whole_index - first, count).copy_(values.narrow(0, offset, count));
+            });
+            continue;
+          }
+          std::vector<at::Tensor> runs;  // this piece's elements in the part, packed in order
+          runs_within(slice, first, end, [&](int64_t, int64_t count, int64_t offset) {
+            runs.push_back(values.narrow(0, offset, count));
+          });
+          if (!runs.empty()) sends.emplace_back(dest, runs.size() == 1 ? runs[0] : at::cat(runs));
         } else if (dest == me) {
-          at::Tensor buffer = at::empty({p->slice.numel()}, at::kFloat);
-          receives.emplace_back(source, buffer);
-          pieces.emplace_back(p->slice, buffer);
+          int64_t count_within = 0;
+          runs_within(slice, first, end, [&](int64_t, int64_t count, int64_t) { count_within += count; });
+          if (count_within == 0) continue;
+          receives.emplace_back(piece.source, at::empty({count_within}, at::kFloat));
+          unpack.emplace_back(&slice, receives.back().second);
         }
       }
-    if (!sends.empty() || !receives.empty()) world.exchange(sends, receives, static_cast<int>(index));
-    if (dest == me) {
-      at::Tensor whole = at::empty(whole_parameter.shape, at::kFloat);
-      at::Tensor whole_flat = whole.view({-1});
-      for (const auto& [slice, values] : pieces)
-        slice.for_each_run([&, &values = values](int64_t whole_index, int64_t count, int64_t offset) {
-          whole_flat.narrow(0, whole_index, count).copy_(values.narrow(0, offset, count));
+      const int tag = exchange_tag++;
+      if (!sends.empty() || !receives.empty()) world.exchange(sends, receives, tag);
+      if (dest != me) continue;
+      for (const auto& [slice, packed] : unpack) {
+        int64_t packed_offset = 0;
+        runs_within(*slice, first, end, [&, &packed = packed](int64_t whole_index, int64_t count, int64_t) {
+          part.narrow(0, whole_index - first, count).copy_(packed.narrow(0, packed_offset, count));
+          packed_offset += count;
         });
-      fn(index, whole_parameter.name, whole);
+      }
+      fn(index, whole_parameter.name, part, first);
     }
   }
 }

@@ -88,14 +88,20 @@ class ParallelModel {
   std::vector<at::Tensor> parameter_shards();
   std::vector<at::Tensor> gradient_shards();
 
+  // The most elements of a whole tensor assemble_whole_tensors() hands over at once (8 MB in fp32).
+  static constexpr int64_t kAssemblePartElements = int64_t{2} << 20;
   // Assembles the whole Hugging Face tensor of every parameter from shard-shaped buffers (parameter_shards() itself,
   // or optimizer moments laid out like them), parameter by parameter in unit order (index i; every expert of an
-  // expert unit, wherever it is held), each on one device:
-  // world rank owner(i) gets fn(i, name, whole). The devices of data replica 0 send their pieces to the owner point
-  // to point, so each byte of the state crosses the network at most once and a device holds at most one whole
-  // parameter (and its received pieces) at a time. Collective over the world: every device calls it alike.
+  // expert unit, wherever it is held), each on one device, in consecutive parts of at most `part_elements`:
+  // world rank owner(i) gets fn(i, name, part, first) for each part in order, `part` being the flat (row-major)
+  // elements [first, first + part.numel()) of the whole tensor. The devices of data replica 0 send their pieces of
+  // each part to the owner point to point, so each byte of the state crosses the network at most once and a device
+  // holds at most one part (and its received pieces) at a time, whatever the size of the tensor. Collective over the
+  // world: every device calls it alike.
+  using WholeTensorPart = std::function<void(size_t index, const std::string& name, const at::Tensor& part,
+                                             int64_t first)>;
   void assemble_whole_tensors(const std::vector<at::Tensor>& shard_buffers, const std::function<int(size_t)>& owner,
-                              const std::function<void(size_t, const std::string&, const at::Tensor&)>& fn);
+                              const WholeTensorPart& fn, int64_t part_elements = kAssemblePartElements);
   // The Hugging Face names and whole shapes of the parameters, in unit order (the order of assemble_whole_tensors).
   std::vector<std::pair<std::string, std::vector<int64_t>>> whole_parameter_shapes() const;
   // Fills shard-shaped buffers (optimizer moments) from `values`, asked for this device's pieces only. No
@@ -149,9 +155,17 @@ class ParallelModel {
   std::vector<std::unique_ptr<FsdpUnit>> expert_units_;  // a Mixtral's: this device's experts of each layer
   FsdpUnit* reducing_ = nullptr;  // the unit whose gradient reduce-scatter is in flight (backward)
   bool head_by_pieces_ = false;   // head_by_pieces() for this forward's tokens (set by loss_sum())
+  // Whether the embedding lookup and its gradient go by rows instead of gathering the table: sharded over fsdp,
+  // whole rows in every shard.
+  bool lookup_by_rows() const;
+  // Rows [B, T, D] (fp32) of the table for this device's tokens, without gathering it: the fsdp group's tokens are
+  // all-gathered, each device looks up those in its shard's rows (zeros elsewhere) and a reduce-scatter brings each
+  // device its tokens' rows (exact: one term of each sum is not zero). Checks the token ids against the vocabulary.
+  at::Tensor rows_by_shard(const at::Tensor& tokens_BT);
   std::vector<LookupGradient> lookup_gradients_;  // the embedding lookups' gradient rows since finish_backward()
-  // The table's gradient from lookup_gradients_, reduce-scattered a piece at a time into its gradient shard (with
-  // fsdp=1 added in place): the V x D gradient of a lookup never exists.
+  // The table's gradient from lookup_gradients_ into its gradient shard: with lookup_by_rows() the group's token ids
+  // and gradient rows are all-gathered and each device sums those of its own rows; otherwise reduce-scattered a
+  // piece at a time (with fsdp=1 added in place). The V x D gradient of a lookup never exists.
   void reduce_embedding_gradient();
 };
 

@@ -20,8 +20,11 @@
 
 namespace meshtrain::runtime {
 
-// Requests of at least this many bytes are mapped blocks.
-inline constexpr size_t kLargeBlockBytes = size_t{1} << 20;
+// Requests of at least this many bytes are mapped blocks. 256 KiB, not more: with activation checkpointing a layer's
+// activations are mostly tensors of a few hundred KB (llama-100m, 256 tokens x 768 fp32: 768 KB), and in glibc's one
+// arena the four device threads' frees of those left a 350 MB heap of which 44 MB were in use (BENCHMARKS.md,
+// "Memory per host").
+inline constexpr size_t kLargeBlockBytes = size_t{1} << 18;
 
 struct BlockCacheStats {
   size_t live_bytes = 0;         // bytes of the large blocks handed out and not yet freed
@@ -49,7 +52,7 @@ bool install_block_cache_allocator();
 
 // The process's memory set-up, as `meshtrain` (and the benchmarks that time its step) run: small allocations stay
 // in glibc's heap, kept rather than handed back (one arena: per-thread arenas dropped and re-faulted whole 64 MB
-// heaps; no mmap'd chunks; no trimming, the trainer trims at step boundaries, common/heap.hpp); tensors of 1 MiB and
+// heaps; no mmap'd chunks; no trimming, the trainer trims at step boundaries, common/heap.hpp); tensors of 256 KiB and
 // more go to the block cache, which keeps them mapped for the next step without letting them fragment the heap.
 // MESHTRAIN_CPU_ALLOCATOR=malloc leaves every tensor to malloc (the comparison in BENCHMARKS.md, "Memory per host");
 // block_cache (or unset) is the default; any other value is refused: returns false after printing why. Must run

@@ -102,12 +102,25 @@ class CommBackend {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual void allreduce_sum(at::Tensor& tensor) = 0;
-  // Starts an all-gather into `into` ([size * n, ...], local's dtype, contiguous); the returned function waits for it
-  // and returns `into`.
-  virtual std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) = 0;
+  // Starts an all-gather into the tensor `into` makes ([size * n, ...], local's dtype, contiguous), called when the
+  // transport first writes to it; the returned function waits for it and returns that tensor.
+  virtual std::function<at::Tensor()> start_allgather(const at::Tensor& local,
+                                                      const std::function<at::Tensor()>& into) = 0;
   virtual void broadcast(at::Tensor& tensor, int root) = 0;
   // Starts an all-to-all of `input` ([size * n, ...]); the returned function waits for it and returns what arrived.
   virtual std::function<at::Tensor()> start_all_to_all(const at::Tensor& input) = 0;
+  // Starts a reduce-scatter of `input` ([size * n, ...], unchanged until the wait); the returned function waits for it
+  // and returns this rank's chunk of the sum, the chunks added in rank order. By default an all-to-all (Gloo in 1.13
+  // has no reduce-scatter): chunk r of every rank arrives at rank r and is summed here.
+  virtual std::function<at::Tensor()> start_reduce_scatter_sum(const at::Tensor& input) {
+    std::function<at::Tensor()> receive = start_all_to_all(input);
+    return [receive, n = size()] {
+      std::vector<at::Tensor> chunks = receive().chunk(n, 0);
+      at::Tensor sum = chunks[0].clone();
+      for (int r = 1; r < n; ++r) sum.add_(chunks[r]);
+      return sum;
+    };
+  }
   virtual void barrier() = 0;
   virtual void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
                         const std::vector<std::pair<int, at::Tensor>>& receives, int tag) = 0;
@@ -120,9 +133,11 @@ class SoloBackend final : public CommBackend {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void allreduce_sum(at::Tensor&) override {}
-  std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) override {
-    into.copy_(local);
-    return [into] { return into; };
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local,
+                                              const std::function<at::Tensor()>& into) override {
+    at::Tensor gathered = into();
+    gathered.copy_(local);
+    return [gathered] { return gathered; };
   }
   void broadcast(at::Tensor&, int) override {}
   std::function<at::Tensor()> start_all_to_all(const at::Tensor& input) override {
@@ -153,10 +168,12 @@ class ProcessGroupBackend final : public CommBackend {
     if (!buffers[0].is_same(tensor)) tensor.copy_(buffers[0]);
   }
 
-  std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) override {
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local,
+                                              const std::function<at::Tensor()>& make_into) override {
+    const at::Tensor into = make_into();  // Gloo writes from now on
     // A gather adds nothing up: 16-bit floats travel as their bits (Gloo has fp16, not bf16: bf16 as an fp16 view).
     if (local.scalar_type() == at::kBFloat16) {
-      auto finish = start_allgather(local.contiguous().view(at::kHalf), into.view(at::kHalf));
+      auto finish = start_allgather(local.contiguous().view(at::kHalf), [&into] { return into.view(at::kHalf); });
       return [finish, into] {
         finish();
         return into;
@@ -234,11 +251,15 @@ class LocalBackend final : public CommBackend {
     tensor.copy_(sum);
   }
 
-  std::function<at::Tensor()> start_allgather(const at::Tensor& local, const at::Tensor& into) override {
+  // The destination is made when the parts are read: a gather started early (a prefetch) holds no buffer of the
+  // result's size until it is waited for.
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local,
+                                              const std::function<at::Tensor()>& make_into) override {
     const int64_t sequence = ++sequence_;
     group_->post(sequence, rank_, local.clone(at::MemoryFormat::Contiguous));
-    return [this, sequence, into] {
+    return [this, sequence, make_into] {
       const std::vector<at::Tensor> parts = group_->read(sequence, rank_);
+      const at::Tensor into = make_into();
       const std::vector<at::Tensor> chunks = into.chunk(size(), 0);
       for (int r = 0; r < size(); ++r) chunks[r].copy_(parts[r]);
       return into;
@@ -262,6 +283,14 @@ class LocalBackend final : public CommBackend {
       for (int r = 0; r < size(); ++r) chunks[r].copy_(parts[r].chunk(size(), 0)[rank_]);
       return received;
     };
+  }
+
+  // The members' inputs are summed whole in rank order as they are posted (LocalGroup::post_to_sum, no copy but the
+  // sum's): the group holds one sum and the inputs that came early, each member then takes its chunk.
+  std::function<at::Tensor()> start_reduce_scatter_sum(const at::Tensor& input) override {
+    const int64_t sequence = ++sequence_;
+    group_->post_to_sum(sequence, rank_, input.contiguous());
+    return [this, sequence] { return group_->read_sum(sequence, rank_).chunk(size(), 0)[rank_].clone(); };
   }
 
   void barrier() override {
@@ -341,14 +370,22 @@ at::Tensor Comm::allgather(const at::Tensor& local, const at::Tensor& into) {
 }
 
 PendingCollective Comm::allgather_async(const at::Tensor& local, const at::Tensor& into) {
+  return allgather_async(local, [into, options = local.options()](c10::IntArrayRef shape) {
+    return into.defined() ? into : at::empty(shape, options);
+  });
+}
+
+PendingCollective Comm::allgather_async(const at::Tensor& local, const MakeDestination& make_into) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
   std::vector<int64_t> gathered_shape = local.sizes().vec();
   gathered_shape[0] *= size();
-  MT_CHECK(!into.defined() || (into.is_contiguous() && into.scalar_type() == local.scalar_type() &&
-                               into.sizes().vec() == gathered_shape),
-           "allgather over {}: the destination must be a contiguous {} tensor of shape {}", label_,
-           c10::toString(local.scalar_type()), c10::str(c10::IntArrayRef(gathered_shape)));
-  const at::Tensor destination = into.defined() ? into : at::empty(gathered_shape, local.options());
+  auto destination = [this, make_into, gathered_shape, dtype = local.scalar_type()] {
+    at::Tensor into = make_into(gathered_shape);
+    MT_CHECK(into.is_contiguous() && into.scalar_type() == dtype && into.sizes().vec() == gathered_shape,
+             "allgather over {}: the destination must be a contiguous {} tensor of shape {}", label_,
+             c10::toString(dtype), c10::str(c10::IntArrayRef(gathered_shape)));
+    return into;
+  };
   return start(Collective::allgather, payload_bytes(local), [&] { return backend_->start_allgather(local, destination); });
 }
 
@@ -398,17 +435,9 @@ PendingCollective Comm::reduce_scatter_sum_async(const at::Tensor& input) {
   MT_CHECK(input.dim() >= 1 && input.size(0) % n == 0,
            "reduce_scatter over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, n);
-  // Built from all_to_all (Gloo in 1.13 has no reduce_scatter): chunk r of every rank arrives at rank r, and the
-  // chunks are summed here in rank order, so the result is the same whatever the network did.
-  return start(Collective::reduce_scatter, payload_bytes(input), [&] {
-    std::function<at::Tensor()> receive = backend_->start_all_to_all(input);
-    return [receive, n] {
-      std::vector<at::Tensor> chunks = receive().chunk(n, 0);
-      at::Tensor sum = chunks[0].clone();
-      for (int r = 1; r < n; ++r) sum.add_(chunks[r]);
-      return sum;
-    };
-  });
+  // Summed in rank order, so the result is the same whatever the network did.
+  return start(Collective::reduce_scatter, payload_bytes(input),
+               [&] { return backend_->start_reduce_scatter_sum(input); });
 }
 
 at::Tensor Comm::all_to_all(const at::Tensor& input) {

@@ -144,6 +144,11 @@ class Comm {
   at::Tensor allgather(const at::Tensor& local, const at::Tensor& into = {});
   // The same, started now and finished by wait() (every rank must start it at the same point of its sequence).
   PendingCollective allgather_async(const at::Tensor& local, const at::Tensor& into = {});
+  // The same into the tensor make_into(shape) returns, asked for when the transport first writes to it: at once over
+  // Gloo, at wait() between the devices of one host (LocalGroup), so that a gather started early (an FSDP prefetch)
+  // holds no buffer of the result's size before it is needed.
+  using MakeDestination = std::function<at::Tensor(c10::IntArrayRef shape)>;
+  PendingCollective allgather_async(const at::Tensor& local, const MakeDestination& make_into);
   // Root's tensor everywhere, in place.
   void broadcast(at::Tensor& tensor, int root);
   // `input` is [size * n, ...]: rank r receives the sum over ranks of chunk r, [n, ...]. Summed in rank order,

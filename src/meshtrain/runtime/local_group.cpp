@@ -14,38 +14,87 @@ LocalGroup::LocalGroup(std::string label, int size, double timeout_s)
   MT_CHECK(size >= 2, "a local group of {} members", size);
 }
 
-void LocalGroup::post(int64_t sequence, int rank, at::Tensor part) {
+LocalGroup::Collective& LocalGroup::arrive(int64_t sequence, int rank) {
   MT_CHECK(rank >= 0 && rank < size_, "rank {} is not in the local group {} of {}", rank, label_, size_);
+  Collective& collective = open_[sequence];
+  if (collective.parts.empty()) {
+    collective.parts.resize(size_);
+    collective.arrived.resize(size_, 0);
+  }
+  MT_CHECK(!collective.arrived[rank], "rank {} posted collective #{} over {} twice", rank, sequence, label_);
+  collective.arrived[rank] = 1;
+  ++collective.posted;
+  return collective;
+}
+
+LocalGroup::Collective& LocalGroup::wait_for(std::unique_lock<std::mutex>& lock, int64_t sequence, int rank,
+                                             const std::function<bool(const Collective&)>& ready) {
+  auto done = [&] {
+    auto found = open_.find(sequence);
+    return found != open_.end() && ready(found->second);
+  };
+  if (!posted_.wait_for(lock, std::chrono::duration<double>(timeout_s_), done)) {
+    std::string missing;
+    auto found = open_.find(sequence);
+    for (int r = 0; r < size_; ++r)
+      if (found == open_.end() || found->second.arrived.empty() || !found->second.arrived[r])
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    throw CollectiveError(fmt::format("collective #{} over {} (devices of this host) timed out after {} s on rank {}: "
+                                      "rank(s) {} never arrived", sequence, label_, timeout_s_, rank,
+                                      missing.empty() ? "none (a member's sum failed)" : missing));
+  }
+  return open_.find(sequence)->second;
+}
+
+void LocalGroup::post(int64_t sequence, int rank, at::Tensor part) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    Collective& collective = open_[sequence];
-    if (collective.parts.empty()) collective.parts.resize(size_);
-    MT_CHECK(!collective.parts[rank].defined(), "rank {} posted collective #{} over {} twice", rank, sequence, label_);
+    Collective& collective = arrive(sequence, rank);
     collective.parts[rank] = std::move(part);
-    if (++collective.posted < size_) return;
+    if (collective.posted < size_) return;
   }
   posted_.notify_all();
 }
 
 std::vector<at::Tensor> LocalGroup::read(int64_t sequence, int rank) {
   std::unique_lock<std::mutex> lock(mutex_);
-  auto all_posted = [&] {
-    auto found = open_.find(sequence);
-    return found != open_.end() && found->second.posted == size_;
-  };
-  if (!posted_.wait_for(lock, std::chrono::duration<double>(timeout_s_), all_posted)) {
-    std::string missing;
-    auto found = open_.find(sequence);
-    for (int r = 0; r < size_; ++r)
-      if (found == open_.end() || found->second.parts.empty() || !found->second.parts[r].defined())
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    throw CollectiveError(fmt::format("collective #{} over {} (devices of this host) timed out after {} s on rank {}: "
-                                      "rank(s) {} never arrived", sequence, label_, timeout_s_, rank, missing));
-  }
-  auto found = open_.find(sequence);
-  std::vector<at::Tensor> parts = found->second.parts;
-  if (++found->second.read == size_) open_.erase(found);
+  Collective& collective = wait_for(lock, sequence, rank, [this](const Collective& c) { return c.posted == size_; });
+  std::vector<at::Tensor> parts = collective.parts;
+  if (++collective.read == size_) open_.erase(sequence);
   return parts;
+}
+
+void LocalGroup::post_to_sum(int64_t sequence, int rank, at::Tensor part) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  Collective& collective = arrive(sequence, rank);  // stays in open_ until every member has read the sum
+  collective.parts[rank] = std::move(part);
+  // One member adds at a time; it takes every part that is next in rank order, including those posted meanwhile.
+  if (collective.summing) return;
+  collective.summing = true;
+  while (collective.summed < size_ && collective.parts[collective.summed].defined()) {
+    at::Tensor next = std::move(collective.parts[collective.summed]);
+    collective.parts[collective.summed] = at::Tensor();
+    lock.unlock();
+    if (collective.summed == 0)
+      collective.sum = next.clone();  // the parts are only read
+    else
+      collective.sum.add_(next);
+    next = at::Tensor();  // released once added
+    lock.lock();
+    ++collective.summed;
+  }
+  collective.summing = false;
+  const bool complete = collective.summed == size_;
+  lock.unlock();
+  if (complete) posted_.notify_all();
+}
+
+at::Tensor LocalGroup::read_sum(int64_t sequence, int rank) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  Collective& collective = wait_for(lock, sequence, rank, [this](const Collective& c) { return c.summed == size_; });
+  at::Tensor sum = collective.sum;
+  if (++collective.read == size_) open_.erase(sequence);
+  return sum;
 }
 
 std::shared_ptr<LocalGroup> LocalGroups::group(const std::string& key, const std::string& label,

@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,11 +39,31 @@ class LocalGroup {
   // returns (the parts are released after the last member's read). CollectiveError after the timeout.
   std::vector<at::Tensor> read(int64_t sequence, int rank);
 
+  // A sum instead of a collection: member `rank` gives `part` (read only, never written; all parts of one shape) to
+  // collective `sequence`'s sum. The parts are added in rank order as soon as the next one in that order is there,
+  // by whichever member posted it, and each is released once added: the group holds the sum and the parts that came
+  // early, not every part until every member has read.
+  void post_to_sum(int64_t sequence, int rank, at::Tensor part);
+  // The sum of every member's part of `sequence` (part 0 + part 1 + ... in that order: the same bits whatever the
+  // arrival order) once all are added; the sum is released after the last member's read. CollectiveError after the
+  // timeout.
+  at::Tensor read_sum(int64_t sequence, int rank);
+
  private:
   struct Collective {
-    std::vector<at::Tensor> parts;  // per rank; undefined until posted
+    std::vector<at::Tensor> parts;  // per rank; undefined until posted (and, for a sum, again once added)
+    std::vector<char> arrived;      // per rank: posted
     int posted = 0, read = 0;
+    at::Tensor sum;                 // post_to_sum: parts [0, summed) added
+    int summed = 0;
+    bool summing = false;           // a member is adding a part (outside the lock)
   };
+  // The collective `sequence` (created when absent) after member `rank` posts to it.
+  Collective& arrive(int64_t sequence, int rank);
+  // Waits (holding `lock`) until `ready` holds for collective `sequence`; CollectiveError naming the members that
+  // had not posted after the timeout.
+  Collective& wait_for(std::unique_lock<std::mutex>& lock, int64_t sequence, int rank,
+                       const std::function<bool(const Collective&)>& ready);
 
   const std::string label_;
   const int size_;

@@ -54,8 +54,8 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   DeviceMemory& d = plan.device;
   d.parameters = 4 * (embedding_shard + L * layer_shard + norm_shard + lm_head_shard);
   d.gradients = d.parameters;
-  // The moments and the update's scratch (the size of the largest shard).
-  d.optimizer = 2 * d.parameters + 4 * std::max({embedding_shard, layer_shard, lm_head_shard});
+  // The moments (the update's scratch is a chunk: AdamW::kChunkElements).
+  d.optimizer = 2 * d.parameters;
   const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.micro_batches) * T;
   if (layout.fsdp > 1) {
     // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward

@@ -21,7 +21,8 @@ std::string optimizer_file_name(size_t index, size_t count) {
   return fmt::format("optimizer-{:05d}-of-{:05d}.safetensors", index + 1, count);
 }
 
-// One file this device writes, streamed one whole tensor at a time, its checksum computed as it is written.
+// One file this device writes, streamed a part of a tensor at a time (ParallelModel::assemble_whole_tensors), its
+// checksum computed as it is written.
 struct StreamedFile {
   StreamedFile(const fs::path& path, std::vector<model::SafetensorsEntry> entries)
       : name(path.filename().string()), writer(path), tensors(writer, std::move(entries), {{"format", "pt"}}) {}
@@ -60,12 +61,12 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
     optimizer_file = std::make_unique<StreamedFile>(dir / optimizer_file_name(device, writers), std::move(moments));
   }
   model.assemble_whole_tensors(model.parameter_shards(), owner,
-                               [&](size_t, const std::string&, const at::Tensor& whole) {
-                                 weights_file->tensors.write_next(whole);
+                               [&](size_t, const std::string&, const at::Tensor& part, int64_t) {
+                                 weights_file->tensors.write_part(part);
                                });
   for (const std::vector<at::Tensor>* moments : {&optimizer.exp_avg(), &optimizer.exp_avg_sq()})
-    model.assemble_whole_tensors(*moments, owner, [&](size_t, const std::string&, const at::Tensor& whole) {
-      optimizer_file->tensors.write_next(whole);
+    model.assemble_whole_tensors(*moments, owner, [&](size_t, const std::string&, const at::Tensor& part, int64_t) {
+      optimizer_file->tensors.write_part(part);
     });
 
   // Every writer's two files, with their sizes and checksums, for device 0's completion marker.

@@ -10,8 +10,9 @@
 //
 // Tensor i (in the parallel model's unit order) goes to file (i mod W), W = min(devices, tensors), and device k
 // writes file k: the devices of data replica 0 send their pieces of tensor i to device (i mod W) point to point
-// (ParallelModel::assemble_whole_tensors: the state crosses the network at most once, no device holds more than
-// one whole tensor), which streams it into its file, checksumming as it writes. Device 0 writes the small files
+// (ParallelModel::assemble_whole_tensors: the state crosses the network at most once, in parts of at most 8 MB, so
+// no device holds more than one part and its received pieces), which streams each part into its file, checksumming
+// as it writes. Device 0 writes the small files
 // and, once every device's sizes and checksums have arrived (an all-gather that is also the barrier), the
 // completion marker. Loading needs no communication: each device reads only the byte ranges of its own tensor
 // blocks and FSDP shards (model::CheckpointTensors), whatever mesh wrote the checkpoint (resharding).

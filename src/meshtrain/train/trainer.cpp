@@ -111,7 +111,7 @@ std::map<std::string, int64_t> collective_bytes(const runtime::CollectiveCounter
 // The host's peak resident memory against the plan, and what the block cache held (runtime/block_cache_allocator.hpp).
 void log_memory_used(int host, const MemoryPlan& plan) {
   const runtime::BlockCacheStats cache = runtime::block_cache_stats();
-  log::info("Memory used on host {}: peak resident {} (planned {}); tensors of 1 MiB and more: peak live {}, peak "
+  log::info("Memory used on host {}: peak resident {} (planned {}); tensors of 256 KiB and more: peak live {}, peak "
             "mapped {} ({} reused, {} mapped, {} resized and {} unmapped to stay under the cap)",
             host, gigabytes(peak_resident_bytes()), gigabytes(plan.host_total()),
             gigabytes(static_cast<int64_t>(cache.peak_live_bytes)),
