@@ -16,6 +16,19 @@ import unittest
 from training_runs import train
 
 STEPS = 20
+# llama-tiny's shapes (configs/model/llama-tiny.yaml) and the tokens per device at fsdp=4 (training_runs.BASE: global
+# batch 8 x block 64).
+TINY_VOCAB, TINY_HIDDEN = 256, 64
+TOKENS_PER_DEVICE_AT_FSDP4 = 8 * 64 // 4
+
+
+def lookup_bytes(hidden):
+    """Device 0's payload per step of the embedding lookup by rows at fsdp=4: (reduce-scatter, all-gather) bytes.
+
+    Forward: the group's token ids all-gathered (int64) and the rows [4 N, D] reduce-scattered (fp32); backward: the
+    token ids and the gradient rows [N, D] (fp32) all-gathered."""
+    n = TOKENS_PER_DEVICE_AT_FSDP4
+    return 4 * n * hidden * 4, 2 * n * 8 + n * hidden * 4
 LAYOUTS = {
     "fsdp=4": (2, 2, ["ici_mesh.fsdp=4"]),
     "data=2 fsdp=2": (2, 2, ["ici_mesh.data=2", "ici_mesh.fsdp=2"]),
@@ -54,19 +67,25 @@ class ParallelParityTest(unittest.TestCase):
     def test_fsdp4(self):
         out, output = self.check_layout("fsdp=4")
         # metrics.jsonl's comm_bytes: device 0's payload per collective kind in the step. With fsdp=4 and resharding,
-        # each unit's gradient (the whole unit, padded to a multiple of 4) is reduce-scattered once (llama-tiny's head
-        # is not tied to the embedding), and each device all-gathers its quarter of the embedding and the head once
-        # and of every layer twice (forward, and again for backward).
-        layers, params = map(int, re.search(r"Training a Llama of (\d+) layers x \d+ hidden \((\d+) parameters\)",
-                                            output).groups())
+        # each unit's gradient but the embedding's (the whole unit, padded to a multiple of 4) is reduce-scattered
+        # once (llama-tiny's head is not tied to the embedding), and each device all-gathers its quarter of the head
+        # once and of every layer twice (forward, and again for backward). The embedding goes by rows of each shard
+        # (ParallelModel::rows_by_shard): a reduce-scatter of the group's looked-up rows, and all-gathers of the token
+        # ids (forward and backward) and of the gradient rows.
+        layers, hidden, params = map(int, re.search(
+            r"Training a Llama of (\d+) layers x (\d+) hidden \((\d+) parameters\)", output).groups())
         units = layers + 2  # the embedding, each layer, the head
+        table = TINY_VOCAB * hidden
+        lookup_reduce, lookup_gather = lookup_bytes(hidden)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             records = [json.loads(line) for line in f]
         for r in records:
             sent = r["comm_bytes"]
             self.assertEqual(sorted(sent), ["allgather", "allreduce", "alltoall", "broadcast", "reduce_scatter"])
-            self.assertTrue(4 * params <= sent["reduce_scatter"] <= 4 * (params + 3 * units), (r["step"], sent, params))
-            self.assertTrue(params < sent["allgather"] <= 2 * (params + 3 * units), (r["step"], sent, params))
+            self.assertTrue(4 * (params - table) <= sent["reduce_scatter"] - lookup_reduce
+                            <= 4 * (params - table + 3 * units), (r["step"], sent, params))
+            self.assertTrue(params - table < sent["allgather"] - lookup_gather <= 2 * (params + 3 * units),
+                            (r["step"], sent, params))
             self.assertTrue(0 < sent["allreduce"] < 1024, (r["step"], sent))
             self.assertEqual(sent["alltoall"] + sent["broadcast"], 0, (r["step"], sent))
 
@@ -82,9 +101,12 @@ class ParallelParityTest(unittest.TestCase):
             with open(os.path.join(out, "metrics.jsonl")) as f:
                 runs[(dtype, hosts * devices)] = (losses, [json.loads(line)["comm_bytes"] for line in f])
         fp32, bf16 = runs[("float32", 4)][1], runs[("bfloat16", 4)][1]
+        # The embedding lookup's all-gathers (token ids, fp32 gradient rows) are the same bytes in both.
+        _, lookup_gather = lookup_bytes(TINY_HIDDEN)
         for step in range(3):
-            self.assertGreater(fp32[step]["allgather"], 0)
-            self.assertEqual(2 * bf16[step]["allgather"], fp32[step]["allgather"], step)
+            self.assertGreater(fp32[step]["allgather"], lookup_gather)
+            self.assertEqual(2 * (bf16[step]["allgather"] - lookup_gather), fp32[step]["allgather"] - lookup_gather,
+                             step)
             self.assertEqual(bf16[step]["reduce_scatter"], fp32[step]["reduce_scatter"], step)
         one, mesh = runs[("bfloat16", 1)][0], runs[("bfloat16", 4)][0]
         for step in range(1, 4):
