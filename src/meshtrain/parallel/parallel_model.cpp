@@ -6,6 +6,7 @@
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/parallel/expert_parallel.hpp"
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -43,6 +44,11 @@ struct GradientBoundary : torch::autograd::Function<GradientBoundary> {
     return {grads[0], at::Tensor(), at::Tensor()};
   }
 };
+
+// The positions of the tokens of `tokens_N` that are rows [first, end) of the embedding table.
+at::Tensor positions_in_rows(const at::Tensor& tokens_N, int64_t first, int64_t end) {
+  return ((tokens_N >= first) & (tokens_N < end)).nonzero().squeeze(1);
+}
 
 // The head's weight for CrossEntropyWithLogitGradients a piece of every shard at a time (whole rows: the caller
 // checks that a shard holds whole rows), each piece's all-gather started while the one before is computed on.
@@ -327,7 +333,7 @@ at::Tensor ParallelModel::rows_by_shard(const at::Tensor& tokens_BT) {
   MT_CHECK(min_token >= 0 && max_token < V, "token ids from {} to {} for an embedding of {} rows", min_token,
            max_token, V);
   const int64_t rows = table.shard().numel() / D, first = fsdp_comm_.rank() * rows;
-  const at::Tensor here_K = ((tokens_N >= first) & (tokens_N < first + rows)).nonzero().squeeze(1);
+  const at::Tensor here_K = positions_in_rows(tokens_N, first, first + rows);
   at::Tensor rows_ND = at::zeros({tokens_N.size(0), D}, at::kFloat);
   rows_ND.index_copy_(0, here_K, table.shard().view({rows, D}).index_select(0, tokens_N.index_select(0, here_K) - first));
   std::vector<int64_t> shape = tokens_BT.sizes().vec();
@@ -387,44 +393,34 @@ void ParallelModel::reduce_embedding_gradient() {
     // rows some token touched only.
     const int n = fsdp_comm_.size();
     const int64_t rows = table.grad_shard().numel() / D, first = fsdp_comm_.rank() * rows;
-    struct Gathered {
-      at::Tensor rows_K, grad_KD;  // the group's tokens in this shard (rank order) as rows of it, their gradient rows
-      std::vector<int64_t> per_device;  // how many of them each device's
-    };
-    std::vector<Gathered> gathered;
-    std::vector<at::Tensor> all_rows;
+    std::vector<std::pair<at::Tensor, at::Tensor>> gathered;  // per lookup: the group's tokens, their gradient rows
+    std::vector<at::Tensor> touched;                          // per lookup: the rows of this shard its tokens touch
     for (const LookupGradient& g : lookup_gradients_) {
       const at::Tensor tokens_N = fsdp_comm_.allgather(g.tokens_N.contiguous());
-      const at::Tensor grad_ND = fsdp_comm_.allgather(g.grad_ND.to(at::kFloat).contiguous());
-      const at::Tensor here_N = (tokens_N >= first) & (tokens_N < first + rows);
-      const at::Tensor here_K = here_N.nonzero().squeeze(1);
-      Gathered part{tokens_N.index_select(0, here_K) - first, grad_ND.index_select(0, here_K), {}};
-      const at::Tensor per_device = here_N.view({n, -1}).sum(1);
-      for (int r = 0; r < n; ++r) part.per_device.push_back(per_device[r].item<int64_t>());
-      all_rows.push_back(part.rows_K);
-      gathered.push_back(std::move(part));
+      gathered.emplace_back(tokens_N, fsdp_comm_.allgather(g.grad_ND.to(at::kFloat).contiguous()));
+      touched.push_back(tokens_N.index_select(0, positions_in_rows(tokens_N, first, first + rows)));
     }
-    const at::Tensor touched_U = std::get<0>(at::_unique(at::cat(all_rows), /*sorted=*/true));
+    const at::Tensor touched_U = std::get<0>(at::_unique(at::cat(touched), /*sorted=*/true));
     at::Tensor sum_UD = at::zeros({touched_U.size(0), D}, at::kFloat), device_sum_UD = at::empty_like(sum_UD);
-    std::vector<int64_t> done(gathered.size(), 0);
     for (int r = 0; r < n; ++r) {
       device_sum_UD.zero_();
-      for (size_t i = 0; i < gathered.size(); ++i) {
-        const int64_t count = gathered[i].per_device[static_cast<size_t>(r)];
-        const at::Tensor rows_K = gathered[i].rows_K.narrow(0, done[i], count);
-        device_sum_UD.index_add_(0, at::searchsorted(touched_U, rows_K), gathered[i].grad_KD.narrow(0, done[i], count));
-        done[i] += count;
+      for (const auto& [tokens_N, grad_ND] : gathered) {
+        const int64_t N = tokens_N.size(0) / n;
+        const at::Tensor device_tokens_N = tokens_N.narrow(0, r * N, N);
+        const at::Tensor here_K = positions_in_rows(device_tokens_N, first, first + rows);
+        device_sum_UD.index_add_(0, at::searchsorted(touched_U, device_tokens_N.index_select(0, here_K)),
+                                 grad_ND.narrow(0, r * N, N).index_select(0, here_K));
       }
       sum_UD.add_(device_sum_UD);
     }
-    table.grad_shard().view({rows, D}).index_add_(0, touched_U, sum_UD);
+    table.grad_shard().view({rows, D}).index_add_(0, touched_U - first, sum_UD);
   } else {
     // Elements [from, to) of the table's gradient: the rows they touch, each the sum of its tokens' gradient rows.
     at::Tensor reduced = table.reduce_scatter([this, D](size_t, int64_t from, int64_t to, at::Tensor& into) {
       const int64_t first = from / D, end = (to + D - 1) / D;
       at::Tensor rows_RD = at::zeros({end - first, D}, at::kFloat);
       for (const LookupGradient& g : lookup_gradients_) {
-        const at::Tensor here_K = ((g.tokens_N >= first) & (g.tokens_N < end)).nonzero().squeeze(1);
+        const at::Tensor here_K = positions_in_rows(g.tokens_N, first, end);
         rows_RD.index_add_(0, g.tokens_N.index_select(0, here_K) - first,
                            g.grad_ND.index_select(0, here_K).to(at::kFloat));
       }
@@ -564,8 +560,7 @@ void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_
         if (const auto p = this_unit.piece_in_shard(
                 m, f, tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size)))
           pieces.push_back({*p, holder(f, t, whole_parameter.expert_holder)});
-    int64_t whole_numel = 1;
-    for (int64_t d : whole_parameter.shape) whole_numel *= d;
+    const int64_t whole_numel = c10::multiply_integers(whole_parameter.shape);
     for (int64_t first = 0; first < whole_numel; first += part_elements) {
       const int64_t end = std::min(whole_numel, first + part_elements);
       std::vector<std::pair<int, at::Tensor>> sends, receives;

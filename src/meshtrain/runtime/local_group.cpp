@@ -72,16 +72,17 @@ void LocalGroup::post_to_sum(int64_t sequence, int rank, at::Tensor part) {
   if (collective.summing) return;
   collective.summing = true;
   while (collective.summed < size_ && collective.parts[collective.summed].defined()) {
-    at::Tensor next = std::move(collective.parts[collective.summed]);
-    collective.parts[collective.summed] = at::Tensor();
+    const int index = collective.summed;
+    at::Tensor next = std::move(collective.parts[index]);
+    collective.parts[index] = at::Tensor();
     lock.unlock();
-    if (collective.summed == 0)
+    if (index == 0)
       collective.sum = next.clone();  // the parts are only read
     else
       collective.sum.add_(next);
     next = at::Tensor();  // released once added
     lock.lock();
-    ++collective.summed;
+    collective.summed = index + 1;
   }
   collective.summing = false;
   const bool complete = collective.summed == size_;
