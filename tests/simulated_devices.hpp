@@ -21,14 +21,15 @@ inline mesh::AxisSizes axis_sizes(int data, int fsdp, int tensor, int expert) {
 
 // Runs `fn` on one thread per device of `mesh`; returns each device's exception message ("" when it returned
 // normally). Collectives time out after 30 s rather than hang a test. As in the host runtime, a group within one of
-// the mesh's hosts moves its collectives through memory and a group across hosts through Gloo.
+// the mesh's hosts moves its collectives through memory, a group across hosts through Gloo, in two levels where it
+// has several members on each host (runtime/comm.hpp HostSplit).
 inline std::vector<std::string> run_on_all_devices(const mesh::Mesh& mesh,
                                                    const std::function<void(runtime::DeviceContext&)>& fn) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   std::vector<std::shared_ptr<runtime::LocalGroups>> local_groups;
   for (int host = 0; host < mesh.hosts(); ++host)
-    local_groups.push_back(std::make_shared<runtime::LocalGroups>(mesh.devices_of_host(host)));
+    local_groups.push_back(std::make_shared<runtime::LocalGroups>(mesh, host));
   std::vector<std::string> failures(mesh.num_devices());
   std::vector<std::thread> threads;
   for (int device = 0; device < mesh.num_devices(); ++device) {

@@ -156,6 +156,16 @@ bool needs_fp32_transport(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
 }
 
+// Starts a c10d all-gather of `local` into `into` (contiguous, [size * n, ...]: each rank's part lands in its chunk,
+// no concatenation afterwards). A gather adds nothing up: 16-bit floats travel as their bits (Gloo has fp16, not
+// bf16: bf16 as an fp16 view).
+c10::intrusive_ptr<c10d::Work> issue_allgather(C10dGroup& group, const at::Tensor& local, const at::Tensor& into) {
+  auto as_carried = [](const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t; };
+  std::vector<at::Tensor> inputs{as_carried(local.contiguous())};
+  std::vector<std::vector<at::Tensor>> outputs{as_carried(into).chunk(group.getSize(), 0)};
+  return group.allgather(outputs, inputs);  // the work keeps its tensors until it ends
+}
+
 class ProcessGroupBackend final : public CommBackend {
  public:
   explicit ProcessGroupBackend(c10::intrusive_ptr<C10dGroup> group) : group_(std::move(group)) {}
@@ -171,19 +181,8 @@ class ProcessGroupBackend final : public CommBackend {
   std::function<at::Tensor()> start_allgather(const at::Tensor& local,
                                               const std::function<at::Tensor()>& make_into) override {
     const at::Tensor into = make_into();  // Gloo writes from now on
-    // A gather adds nothing up: 16-bit floats travel as their bits (Gloo has fp16, not bf16: bf16 as an fp16 view).
-    if (local.scalar_type() == at::kBFloat16) {
-      auto finish = start_allgather(local.contiguous().view(at::kHalf), [&into] { return into.view(at::kHalf); });
-      return [finish, into] {
-        finish();
-        return into;
-      };
-    }
-    std::vector<at::Tensor> inputs{local.contiguous()};
-    // Each rank's part lands in its chunk of `into` (views): no concatenation afterwards.
-    auto outputs = std::make_shared<std::vector<std::vector<at::Tensor>>>(1, into.chunk(size(), 0));
-    auto work = group_->allgather(*outputs, inputs);
-    return [work, outputs, into] {
+    auto work = issue_allgather(*group_, local, into);
+    return [work, into] {
       work->wait();
       return into;
     };
@@ -311,6 +310,87 @@ class LocalBackend final : public CommBackend {
   int64_t sequence_ = 0;  // this member's collectives over the group (its device thread only)
 };
 
+// A group across hosts with several members on each (HostSplit in comm.hpp). A gather goes first between hosts, each
+// member with the members of its on-host index (a Gloo buffer of hosts x its part, not of the whole result), then
+// through memory between the members of the host; a reduce-scatter first sums through memory on the host, each
+// member taking the chunks of its on-host index, then reduce-scatters those between hosts. The other collectives go
+// over the whole group's Gloo backend.
+//
+// As between local groups, no member waits for another to wait: a gather's part is posted to the host when its
+// Gloo gather completes (on Gloo's thread), and a reduce-scatter's sum is read when the collective starts, which each
+// member does at the same point of its program.
+class HostSplitBackend final : public CommBackend {
+ public:
+  HostSplitBackend(c10::intrusive_ptr<C10dGroup> whole, HostSplit split)
+      : whole_(std::move(whole)),
+        on_host_(std::move(split.on_host)),
+        on_host_rank_(split.on_host_rank),
+        across_hosts_(std::move(split.across_hosts)),
+        group_rank_(std::move(split.group_rank)) {
+    MT_CHECK(static_cast<int>(group_rank_.size()) == across_hosts_->getSize() &&
+                 static_cast<int>(group_rank_[0].size()) == on_host_->size() &&
+                 across_hosts_->getSize() * on_host_->size() == whole_.size(),
+             "a group of {} split over {} hosts x {} members", whole_.size(), across_hosts_->getSize(),
+             on_host_->size());
+  }
+  int rank() const override { return whole_.rank(); }
+  int size() const override { return whole_.size(); }
+  void allreduce_sum(at::Tensor& tensor) override { whole_.allreduce_sum(tensor); }
+  void broadcast(at::Tensor& tensor, int root) override { whole_.broadcast(tensor, root); }
+  std::function<at::Tensor()> start_all_to_all(const at::Tensor& input) override {
+    return whole_.start_all_to_all(input);
+  }
+  void barrier() override { whole_.barrier(); }
+  void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
+    whole_.exchange(sends, receives, tag);
+  }
+
+  std::function<at::Tensor()> start_allgather(const at::Tensor& local,
+                                              const std::function<at::Tensor()>& make_into) override {
+    const int hosts = across_hosts_->getSize();
+    std::vector<int64_t> column_shape = local.sizes().vec();
+    column_shape[0] *= hosts;
+    // [hosts * n, ...]: the parts of this member's on-host index, host by host.
+    const at::Tensor column = at::empty(column_shape, local.options());
+    const int64_t sequence = ++on_host_sequence_;  // numbered when started: members may wait in different orders
+    auto work = issue_allgather(*across_hosts_, local, column);
+    work->getFuture()->addCallback([on_host = on_host_, sequence, rank = on_host_rank_, column](
+                                       c10::ivalue::Future& done) {
+      if (!done.hasError()) on_host->post(sequence, rank, column);  // a failure is rethrown by the wait below
+    });
+    return [this, work, sequence, make_into, hosts] {
+      work->wait();
+      const std::vector<at::Tensor> columns = on_host_->read(sequence, on_host_rank_);
+      const at::Tensor into = make_into();
+      const std::vector<at::Tensor> chunks = into.chunk(size(), 0);
+      for (int index = 0; index < on_host_->size(); ++index) {
+        const std::vector<at::Tensor> parts = columns[index].chunk(hosts, 0);
+        for (int host = 0; host < hosts; ++host) chunks[group_rank_[host][index]].copy_(parts[host]);
+      }
+      return into;
+    };
+  }
+
+  std::function<at::Tensor()> start_reduce_scatter_sum(const at::Tensor& input) override {
+    const int64_t sequence = ++on_host_sequence_;
+    on_host_->post_to_sum(sequence, on_host_rank_, input.contiguous());
+    const std::vector<at::Tensor> host_sum = on_host_->read_sum(sequence, on_host_rank_).chunk(size(), 0);
+    std::vector<at::Tensor> column;  // this member's on-host index, host by host
+    for (const std::vector<int>& ranks : group_rank_) column.push_back(host_sum[ranks[on_host_rank_]]);
+    return across_hosts_backend_.start_reduce_scatter_sum(at::cat(column));
+  }
+
+ private:
+  ProcessGroupBackend whole_;
+  std::shared_ptr<LocalGroup> on_host_;
+  int on_host_rank_;
+  c10::intrusive_ptr<C10dGroup> across_hosts_;
+  ProcessGroupBackend across_hosts_backend_{across_hosts_};
+  std::vector<std::vector<int>> group_rank_;
+  int64_t on_host_sequence_ = 0;  // this member's collectives over on_host_ (its device thread only)
+};
+
 int64_t payload_bytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 }  // namespace
@@ -330,6 +410,12 @@ Comm::Comm(std::string label, std::shared_ptr<LocalGroup> local, int rank, c10::
     : label_(std::move(label)),
       backend_(std::make_shared<LocalBackend>(std::move(local), rank,
                                               std::make_unique<ProcessGroupBackend>(std::move(for_exchange)))),
+      counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}
+
+Comm::Comm(std::string label, c10::intrusive_ptr<C10dGroup> whole, HostSplit split,
+           std::shared_ptr<CollectiveCounters> counters)
+    : label_(std::move(label)),
+      backend_(std::make_shared<HostSplitBackend>(std::move(whole), std::move(split))),
       counters_(counters ? std::move(counters) : std::make_shared<CollectiveCounters>()) {}
 
 int Comm::rank() const { return backend_->rank(); }

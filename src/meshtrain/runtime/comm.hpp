@@ -1,8 +1,9 @@
 // comm.hpp — `Comm`, meshtrain's handle on a group of devices for collectives, and the per-device counters.
 //
 // A Comm is a small value type over a backend: a c10d ProcessGroup (Gloo on CPU), the shared memory of the device
-// threads of one process (runtime/local_group.hpp) or, for a group of one device, a local no-op backend, so
-// single-device runs take the same code path. Every collective is counted (calls and bytes per kind) in the
+// threads of one process (runtime/local_group.hpp), both in two levels for a group with several members on each of
+// several hosts (HostSplit) or, for a group of one device, a local no-op backend, so single-device runs take the same
+// code path. Every collective is counted (calls and bytes per kind) in the
 // CollectiveCounters of the device that issued it, so tests and logs can prove where communication
 // happens. All collectives are blocking and operate on CPU tensors along dim 0 where a layout matters.
 #pragma once
@@ -122,6 +123,17 @@ class PendingCollective {
   double issue_seconds_ = 0;
 };
 
+// A group that spans hosts with the same number (>= 2) of its members on each (fsdp=8 over 2 hosts x 4 devices): its
+// gathers and reduce-scatters go in two levels, between the members of one host through memory and between hosts
+// over Gloo groups of one member per host, so that a host sends its data once per peer host instead of once per
+// remote member, and no member holds a Gloo buffer of the whole result.
+struct HostSplit {
+  std::shared_ptr<LocalGroup> on_host;          // this host's members, in group rank order
+  int on_host_rank = 0;                         // this member's index among them
+  c10::intrusive_ptr<C10dGroup> across_hosts;   // the members of this on-host index, one per host, in host order
+  std::vector<std::vector<int>> group_rank;     // [host index][on-host index] -> rank in the whole group
+};
+
 class Comm {
  public:
   // A group of one device: every collective is the identity (and still counted).
@@ -131,6 +143,10 @@ class Comm {
   // A group of device threads of this process, member `rank` of `local`; `for_exchange` (the same members over
   // Gloo) carries exchange().
   Comm(std::string label, std::shared_ptr<LocalGroup> local, int rank, c10::intrusive_ptr<C10dGroup> for_exchange,
+       std::shared_ptr<CollectiveCounters> counters);
+
+  // A group across hosts over `whole` (which carries every collective but gathers and reduce-scatters) and `split`.
+  Comm(std::string label, c10::intrusive_ptr<C10dGroup> whole, HostSplit split,
        std::shared_ptr<CollectiveCounters> counters);
 
   int rank() const;

@@ -61,16 +61,36 @@ DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> s
                                                std::shared_ptr<LocalGroups> local_groups) {
   return [store, gloo_device, counters, collective_timeout_s, local_groups](
              const std::string& label, const std::string& key, const std::vector<int>& members, int rank) {
-    auto prefix = c10::make_intrusive<c10d::PrefixStore>("group/" + key, store);
-    auto options = c10d::ProcessGroupGloo::Options::create(to_ms(collective_timeout_s));
-    options->devices.push_back(gloo_device);
-    options->threads = 1;
+    auto gloo_group = [&](const std::string& group_key, int group_rank, int group_size) {
+      auto prefix = c10::make_intrusive<c10d::PrefixStore>("group/" + group_key, store);
+      auto options = c10d::ProcessGroupGloo::Options::create(to_ms(collective_timeout_s));
+      options->devices.push_back(gloo_device);
+      options->threads = 1;
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, group_rank, group_size, options);
+    };
     try {
-      auto group =
-          c10::make_intrusive<c10d::ProcessGroupGloo>(prefix, rank, static_cast<int>(members.size()), options);
-      if (local_groups)
-        if (auto local = local_groups->group(key, label, members, collective_timeout_s))
-          return Comm(label, std::move(local), rank, group, counters);
+      auto group = gloo_group(key, rank, static_cast<int>(members.size()));
+      if (!local_groups) return Comm(label, group, counters);
+      if (auto local = local_groups->group(key, label, members, collective_timeout_s))
+        return Comm(label, std::move(local), rank, group, counters);
+      if (auto layout = local_groups->layout_across_hosts(members)) {
+        HostSplit split;
+        int host_index = 0;
+        for (size_t h = 0; h < layout->group_rank.size(); ++h)
+          for (size_t i = 0; i < layout->group_rank[h].size(); ++i)
+            if (layout->group_rank[h][i] == rank) {
+              host_index = static_cast<int>(h);
+              split.on_host_rank = static_cast<int>(i);
+            }
+        std::vector<int> on_host_devices;
+        for (int member_rank : layout->group_rank[host_index]) on_host_devices.push_back(members[member_rank]);
+        split.on_host = local_groups->group(fmt::format("{}/on-host-{}", key, layout->hosts[host_index]), label,
+                                            on_host_devices, collective_timeout_s);
+        split.across_hosts = gloo_group(fmt::format("{}/across-hosts-{}", key, split.on_host_rank), host_index,
+                                        static_cast<int>(layout->hosts.size()));
+        split.group_rank = std::move(layout->group_rank);
+        return Comm(label, group, std::move(split), counters);
+      }
       return Comm(label, group, counters);
     } catch (const std::exception& e) {
       // Forming a group talks to the coordinator's store and to every member: when that fails, it is most likely
@@ -289,7 +309,7 @@ void HostRuntime::end_without_coordinator(const std::string& reason) {
 
 void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) {
   std::vector<std::thread> threads;
-  auto local_groups = std::make_shared<LocalGroups>(mesh_.devices_of_host(identity_.host));
+  auto local_groups = std::make_shared<LocalGroups>(mesh_, identity_.host);
   for (int device : mesh_.devices_of_host(identity_.host)) {
     threads.emplace_back([this, device, &fn, local_groups] {
       // Declared outside the try: the groups must outlive the abort, or their closing connections would make the

@@ -48,7 +48,9 @@ struct RuntimeOptions {
 
 // The group factory of one device: Gloo groups whose rendezvous goes through `store` under "group/<key>"; a group
 // whose members are all among `local_groups`' devices (the host's, shared by its device threads) moves its
-// collectives through memory instead (its Gloo group carries only point-to-point exchanges).
+// collectives through memory instead (its Gloo group carries only point-to-point exchanges), and a group with several
+// members on each of several hosts gathers and reduce-scatters in two levels (runtime/comm.hpp HostSplit: a local
+// group of its members on this host, a Gloo group "<key>/across-hosts-<i>" of the i-th member of every host).
 DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> store,
                                                std::shared_ptr<::gloo::transport::Device> gloo_device,
                                                std::shared_ptr<CollectiveCounters> counters,

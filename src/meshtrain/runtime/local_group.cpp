@@ -98,14 +98,45 @@ at::Tensor LocalGroup::read_sum(int64_t sequence, int rank) {
   return sum;
 }
 
+namespace {
+
+std::vector<int> hosts_by_device(const mesh::Mesh& mesh) {
+  std::vector<int> hosts;
+  for (const mesh::DeviceInfo& device : mesh.devices()) hosts.push_back(device.host);
+  return hosts;
+}
+
+}  // namespace
+
+LocalGroups::LocalGroups(const mesh::Mesh& mesh, int host) : host_of_device_(hosts_by_device(mesh)), host_(host) {}
+
 std::shared_ptr<LocalGroup> LocalGroups::group(const std::string& key, const std::string& label,
                                                const std::vector<int>& devices, double timeout_s) {
   for (int device : devices)
-    if (std::find(local_devices_.begin(), local_devices_.end(), device) == local_devices_.end()) return nullptr;
+    if (host_of_device_.at(device) != host_) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   std::shared_ptr<LocalGroup>& group = groups_[key];
   if (!group) group = std::make_shared<LocalGroup>(label, static_cast<int>(devices.size()), timeout_s);
   return group;
+}
+
+std::optional<HostLayout> LocalGroups::layout_across_hosts(const std::vector<int>& devices) const {
+  HostLayout layout;
+  for (int rank = 0; rank < static_cast<int>(devices.size()); ++rank) {
+    const int host = host_of_device_.at(devices[rank]);
+    const auto found = std::find(layout.hosts.begin(), layout.hosts.end(), host);
+    if (found == layout.hosts.end()) {
+      layout.hosts.push_back(host);
+      layout.group_rank.push_back({rank});
+    } else {
+      layout.group_rank[found - layout.hosts.begin()].push_back(rank);
+    }
+  }
+  const size_t per_host = layout.group_rank[0].size();
+  if (layout.hosts.size() < 2 || per_host < 2) return std::nullopt;
+  for (const std::vector<int>& ranks : layout.group_rank)
+    if (ranks.size() != per_host) return std::nullopt;
+  return layout;
 }
 
 }  // namespace meshtrain::runtime

@@ -13,6 +13,8 @@
 // runtime then finds the job's first failure, as for a Gloo timeout).
 #pragma once
 
+#include "meshtrain/mesh/mesh.hpp"
+
 #include <ATen/ATen.h>
 
 #include <condition_variable>
@@ -21,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,17 +76,28 @@ class LocalGroup {
   std::map<int64_t, Collective> open_;  // collectives posted by some member and not yet read by all
 };
 
+// Where the members of a group that spans hosts live, when every host has the same number (>= 2) of them: hosts in
+// the order of their first member's group rank, and each host's members in group rank order.
+struct HostLayout {
+  std::vector<std::vector<int>> group_rank;  // [host index][index on the host] -> rank in the whole group
+  std::vector<int> hosts;                    // [host index] -> the mesh's host id
+};
+
 // The local groups of one host process by group key: every member thread that asks for a group gets the same one.
 class LocalGroups {
  public:
-  // `local_devices`: the mesh devices whose threads live in this process.
-  explicit LocalGroups(std::vector<int> local_devices) : local_devices_(std::move(local_devices)) {}
+  // The groups of `host`'s device threads in `mesh`.
+  LocalGroups(const mesh::Mesh& mesh, int host);
   // The group `key` of `devices` if they are all local (made by the first member to ask), else null.
   std::shared_ptr<LocalGroup> group(const std::string& key, const std::string& label, const std::vector<int>& devices,
                                     double timeout_s);
+  // The layout of the group `devices` (in rank order) if it spans hosts with the same number (>= 2) of members on
+  // each, else nullopt (a group of one member per host gains nothing from a host's memory).
+  std::optional<HostLayout> layout_across_hosts(const std::vector<int>& devices) const;
 
  private:
-  const std::vector<int> local_devices_;
+  const std::vector<int> host_of_device_;  // mesh device id -> host id
+  const int host_;
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<LocalGroup>> groups_;
 };
