@@ -31,12 +31,17 @@ TEST(MemoryPlanTest, StateIsExactFromTheShapesAndShrinksWithFsdp) {
   EXPECT_EQ(one.device.gradients, one.device.parameters);
   EXPECT_EQ(one.device.optimizer, 2 * one.device.parameters);  // the moments (the update goes by chunks)
   const int64_t layer = (100092672 - embedding - head) / 12;
-  const MemoryPlan four = plan_for(k100m, {4, 1, 4, 2});
+  const MemoryPlan four = plan_for(k100m, {4, 1, 4, 2, 1, 4});
   EXPECT_EQ(four.device.parameters, 4 * ((embedding + 3) / 4 + 12 * ((layer + 3) / 4) + (head + 3) / 4));
   // At 2 x 128 tokens per device the logits' gradient is smaller than the head weight's fp32 gradient, which is made
   // from it a reduce-scatter piece at a time, and the weight comes a piece at a time: a layer's backward is larger.
-  const int64_t pieces = 2 * 4 * parallel::FsdpUnit::kReducePieceElements, layer_phase = 20 * layer;
+  // Its reduce-scatter in flight is one sum of the layer per host (the 4 devices of the group share it).
+  const int64_t pieces = 2 * 4 * parallel::FsdpUnit::kReducePieceElements, layer_phase = 12 * layer + layer;
   EXPECT_EQ(four.device.gathered, std::max(layer_phase, pieces + 256 * 32000 * 4 + pieces));
+  // Over Gloo (one member per host) fp32 send and receive buffers of the whole layer; over 2 hosts with 4 members of
+  // the group on each, those of a quarter of it.
+  EXPECT_EQ(plan_for(k100m, {4, 1, 1, 2, 1, 1}).device.gathered, 12 * layer + 8 * layer);
+  EXPECT_EQ(plan_for(k100m, {8, 1, 4, 1, 1, 4}).device.gathered, 12 * layer + 2 * layer);
   // At 8 x 128 tokens per device the logits' gradient would be larger: the weight gathered whole with its gradient.
   EXPECT_EQ(plan_for(k100m, {4, 1, 4, 8}).device.gathered, 8 * embedding + pieces);
   EXPECT_LT(four.device.logits, one.device.logits);  // the head's gradient kept for backward: a quarter of it
@@ -114,7 +119,7 @@ TEST(MemoryPlanTest, PlanCommandPrintsTheEstimateForAnyLayoutWithoutStarting) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json memory = testing::json_line(r.output).at("memory");
   const config::Config config = config::Config::load(config::default_config_dir(), overrides);
-  const MemoryPlan expected = plan_memory(TrainSettings::from_config(config), {4, 1, 4, 1});
+  const MemoryPlan expected = plan_memory(TrainSettings::from_config(config), {4, 1, 4, 1, 1, 4});
   EXPECT_EQ(memory.at("model_parameters"), 8030261248);
   EXPECT_EQ(memory.at("per_device").at("parameters"), expected.device.parameters);
   EXPECT_EQ(memory.at("per_device").at("total"), expected.device.total());

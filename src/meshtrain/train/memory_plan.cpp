@@ -29,6 +29,8 @@ MemoryLayout memory_layout(const config::Config& config, const TrainSettings& se
   layout.tensor = mesh.size(mesh::Axis::tensor);
   layout.expert = mesh.size(mesh::Axis::expert);
   layout.devices_per_host = mesh.devices_per_host();
+  for (int member : mesh.group_of(0, {mesh::Axis::fsdp}))
+    if (member != 0 && mesh.device(member).host == mesh.device(0).host) ++layout.fsdp_on_host;
   layout.rows_per_device = std::max<int64_t>(1, settings.global_batch_size / std::max<int64_t>(1, batch_row_shards));
   return layout;
 }
@@ -60,8 +62,10 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   if (layout.fsdp > 1) {
     // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward
     // (a bf16 gather also lands in a bf16 buffer first); one layer running, the next one prefetched and one layer's
-    // gradient, in backward, with the layer before's reduce-scatter in flight meanwhile (all its pieces at once:
-    // fp32 send and receive buffers of the whole layer). The head's reduce-scatter in forward goes a piece at a time
+    // gradient, in backward, with the layer before's reduce-scatter in flight meanwhile (all its pieces at once):
+    // over Gloo fp32 send and receive buffers of the whole layer; within a host one sum of the layer that its
+    // members share; over hosts with several members on each (runtime/comm.hpp HostSplit) send and receive buffers
+    // of the member's share of its host's part. The head's reduce-scatter in forward goes a piece at a time
     // (two pieces of FsdpUnit::kReducePieceElements at most); when the logits' gradient is the smaller, it is kept
     // instead of the weight's gradient, which is made from it a piece at a time (model/fused_cross_entropy.hpp),
     // and when the shards also hold whole rows the weight itself comes a piece at a time (two in flight).
@@ -73,7 +77,11 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
         by_logit_gradients && V % layout.fsdp == 0 ? 2 * (4 + staging) * piece : (4 + staging) * head_weight;
     const int64_t head_gradient = by_logit_gradients ? tokens * V * c : 4 * head_weight;
     const int64_t head_phase = head_weight_gathered + head_gradient + 2 * 4 * piece;
-    const int64_t layer_phase = (4 + 4 + 4 + 2 * staging) * layer + 2 * 4 * layer;
+    const int on_host = layout.fsdp_on_host;
+    const int64_t reduce_in_flight = on_host == 1              ? 2 * 4 * layer
+                                     : on_host == layout.fsdp ? 4 * layer / on_host
+                                                              : 2 * 4 * layer / on_host;
+    const int64_t layer_phase = (4 + 4 + 4 + 2 * staging) * layer + reduce_in_flight;
     d.gathered = std::max(head_phase, layer_phase);
     if (!settings.parallel.reshard_after_forward)
       d.gathered += 4 * L * layer + (m.tie_word_embeddings ? 0 : 4 * V * D);

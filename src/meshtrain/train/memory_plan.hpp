@@ -30,6 +30,7 @@ struct MemoryLayout {
   int devices_per_host = 1;
   int64_t rows_per_device = 1;  // of one global batch (before gradient accumulation splits them)
   int expert = 1;               // a Mixtral's experts split over this many devices
+  int fsdp_on_host = 1;         // members of a device's fsdp group on its host (how its reduce-scatters travel)
 };
 
 struct DeviceMemory {
