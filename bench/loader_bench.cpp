@@ -133,17 +133,24 @@ int main(int argc, char** argv) {
     if (run) memcpy_rates.push_back(tokens_per_batch * batches / seconds);
   }
 
-  // The host loader, as the pipeline runs it (one consumer here), with `threads` and with one thread.
+  // The host loader, as the pipeline runs it (one consumer here), with `threads` and with one thread; with the
+  // median time a worker spent reading a batch (HostBatch::read_seconds), against the wall time per batch taken.
+  std::vector<double> read_us;
   auto loader_rate = [&](int loader_threads) {
-    std::vector<double> rates;
+    std::vector<double> rates, reads;
     for (int run = 0; run <= runs; ++run) {
       data::HostLoader loader(dataset, sampler, plan.rows, {0, 0}, {prefetch, loader_threads, 1});
       for (int n = 0; n < 2; ++n) loader.take(n);  // threads started, first reads done
+      double read_seconds = 0;
       const double seconds = seconds_of([&] {
-        for (int n = 2; n < batches + 2; ++n) loader.take(n);
+        for (int n = 2; n < batches + 2; ++n) read_seconds += loader.take(n).batch->read_seconds;
       });
-      if (run) rates.push_back(tokens_per_batch * batches / seconds);
+      if (run) {
+        rates.push_back(tokens_per_batch * batches / seconds);
+        reads.push_back(read_seconds / batches * 1e6);
+      }
     }
+    read_us.push_back(median(reads));
     return median(rates);
   };
   const double loader = loader_rate(threads), loader_one_thread = loader_rate(1);
@@ -173,5 +180,9 @@ int main(int argc, char** argv) {
   fmt::print("ratio host loader / PyTorch DataLoader: {:.1f}x (goal >= 10x)\n", loader / peer);
   fmt::print("ratio host loader / memcpy: {:.2f} (goal >= 0.33); 1 thread: {:.2f}\n", loader / memcpy_rate,
              loader_one_thread / memcpy_rate);
+  const double memcpy_us = tokens_per_batch / memcpy_rate * 1e6;
+  fmt::print("per batch: memcpy {:.1f} us; host loader {:.1f} us, of which a worker read it in {:.1f} us ({} threads); "
+             "1 thread {:.1f} us, read in {:.1f} us\n", memcpy_us, tokens_per_batch / loader * 1e6, read_us[0], threads,
+             tokens_per_batch / loader_one_thread * 1e6, read_us[1]);
   return 0;
 }
