@@ -1,4 +1,4 @@
-// global_sampler_test.cpp — the permutation is a bijection, epochs differ, batches are pure functions of
+// global_sampler_test.cpp — the permutation is a bijection (mapped one index or many at a time), epochs differ, batches are pure functions of
 // (seed, epoch, step), and every sample id is read exactly once per epoch.
 #include "meshtrain/data/global_sampler.hpp"
 
@@ -18,6 +18,23 @@ TEST(GlobalSamplerTest, PermutationIsABijectionForManySizes) {
       ASSERT_LT(v, size);
       ASSERT_FALSE(seen[v]) << "size " << size << " maps two indices to " << v;
       seen[v] = true;
+    }
+  }
+}
+
+TEST(GlobalSamplerTest, MappingManyIndicesAtOnceGivesWhatEachGivesAlone) {
+  for (uint64_t size : {1ULL, 3ULL, 100ULL, 1183ULL, 4097ULL}) {
+    IndexPermutation p(size, 99);
+    for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{33}}) {
+      std::vector<uint64_t> indices;
+      for (size_t i = 0; i < n; ++i) indices.push_back((i * 37 + 5) % size);
+      std::vector<uint64_t> out(n, ~uint64_t{0}), in_place = indices;
+      p.map(indices.data(), out.data(), n);
+      p.map(in_place.data(), in_place.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(out[i], p(indices[i])) << "size " << size << " index " << indices[i];
+        ASSERT_EQ(in_place[i], out[i]) << "size " << size << " index " << indices[i];
+      }
     }
   }
 }

@@ -36,6 +36,34 @@ uint64_t IndexPermutation::operator()(uint64_t index) const {
   return value;
 }
 
+void IndexPermutation::map(const uint64_t* indices, uint64_t* out, size_t n) const {
+  constexpr int kLanes = 8;
+  uint64_t value[kLanes];
+  size_t slot[kLanes];
+  int live = 0;
+  size_t next = 0;
+  while (true) {
+    for (; live < kLanes && next < n; ++live, ++next) {
+      MT_CHECK(indices[next] < size_, "index {} is outside the permutation's domain [0, {})", indices[next], size_);
+      value[live] = indices[next];
+      slot[live] = next;
+    }
+    if (live == 0) return;
+    for (int lane = 0; lane < live; ++lane) value[lane] = encrypt(value[lane]);
+    // A lane whose value landed in [0, size) is done (as in operator()); the last live lane takes its place.
+    for (int lane = 0; lane < live;) {
+      if (value[lane] < size_) {
+        out[slot[lane]] = value[lane];
+        --live;
+        value[lane] = value[live];
+        slot[lane] = slot[live];
+      } else {
+        ++lane;
+      }
+    }
+  }
+}
+
 GlobalSampler::GlobalSampler(uint64_t seed, SampleRange samples, int64_t global_batch_size, bool fixed_order,
                              int64_t max_batches_per_epoch)
     : seed_(seed), samples_(samples), global_batch_size_(global_batch_size), fixed_order_(fixed_order) {
@@ -68,11 +96,14 @@ void GlobalSampler::samples_at(int64_t epoch, int64_t step, const std::vector<in
                                std::vector<int64_t>& ids) const {
   const IndexPermutation permutation = order(epoch);
   ids.resize(rows.size());
+  // Positions in the epoch's order, mapped in place (ids holds them as uint64 first).
+  uint64_t* positions = reinterpret_cast<uint64_t*>(ids.data());
   for (size_t i = 0; i < rows.size(); ++i) {
     check_position(step, rows[i]);
-    const uint64_t position = static_cast<uint64_t>(step * global_batch_size_ + rows[i]);
-    ids[i] = samples_.first + static_cast<int64_t>(permutation(position));
+    positions[i] = static_cast<uint64_t>(step * global_batch_size_ + rows[i]);
   }
+  permutation.map(positions, positions, rows.size());
+  for (int64_t& id : ids) id += samples_.first;
 }
 
 std::vector<int64_t> GlobalSampler::global_batch(int64_t epoch, int64_t step) const {
