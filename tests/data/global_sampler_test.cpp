@@ -1,5 +1,5 @@
-// global_sampler_test.cpp — the permutation is a bijection (mapped one index or many at a time), epochs differ, batches are pure functions of
-// (seed, epoch, step), and every sample id is read exactly once per epoch.
+// global_sampler_test.cpp — the permutation is a bijection (mapped one index or many at a time), epochs differ,
+// batches are pure functions of (seed, epoch, step), and every sample id is read exactly once per epoch.
 #include "meshtrain/data/global_sampler.hpp"
 
 #include <gtest/gtest.h>

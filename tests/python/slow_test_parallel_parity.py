@@ -29,6 +29,8 @@ def lookup_bytes(hidden):
     token ids and the gradient rows [N, D] (fp32) all-gathered."""
     n = TOKENS_PER_DEVICE_AT_FSDP4
     return 4 * n * hidden * 4, 2 * n * 8 + n * hidden * 4
+
+
 LAYOUTS = {
     "fsdp=4": (2, 2, ["ici_mesh.fsdp=4"]),
     "data=2 fsdp=2": (2, 2, ["ici_mesh.data=2", "ici_mesh.fsdp=2"]),

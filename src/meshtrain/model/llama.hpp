@@ -189,7 +189,8 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   // final_norm(run_layers(embed(tokens)))):
   torch::Tensor embed(const torch::Tensor& tokens_BT);    // [B, T, D] in the compute dtype; checks the tokens
   // The same with the table's rows for the tokens given by `rows_of` (fp32 [B, T, D]; a sharded table's lookup).
-  torch::Tensor embed(const torch::Tensor& tokens_BT, const std::function<torch::Tensor(const torch::Tensor&)>& rows_of);
+  torch::Tensor embed(const torch::Tensor& tokens_BT,
+                      const std::function<torch::Tensor(const torch::Tensor&)>& rows_of);
   torch::Tensor run_layers(const torch::Tensor& x_BTD);   // every decoder layer (through the layer runner)
   torch::Tensor final_norm(const torch::Tensor& x_BTD);   // model.norm
 

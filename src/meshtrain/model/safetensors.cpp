@@ -98,8 +98,8 @@ void SafetensorsStreamWriter::write_part(const torch::Tensor& elements) {
   const uint64_t size = e.end - e.begin;
   MT_CHECK(elements.device().is_cpu() && elements.scalar_type() == e.dtype &&
                next_bytes_written_ + contiguous.nbytes() <= size,
-           "safetensors: a part of tensor {} ({} {} on {}) that does not fit its remaining {} of {} bytes of {}", e.name,
-           c10::str(elements.sizes()), c10::toString(elements.scalar_type()), c10::str(elements.device()),
+           "safetensors: a part of tensor {} ({} {} on {}) that does not fit its remaining {} of {} bytes of {}",
+           e.name, c10::str(elements.sizes()), c10::toString(elements.scalar_type()), c10::str(elements.device()),
            size - next_bytes_written_, size, c10::toString(e.dtype));
   out_.write(contiguous.data_ptr(), contiguous.nbytes());
   next_bytes_written_ += contiguous.nbytes();

@@ -28,8 +28,9 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;  // byte range within the data section
 };
 
-// A safetensors file written one tensor (or part of a tensor) at a time: the header (every entry's name, dtype and shape, in order) first,
-// then each tensor's bytes in that order, so the writer never needs more than one tensor, or one part, in memory.
+// A safetensors file written one tensor (or part of a tensor) at a time: the header (every entry's name, dtype and
+// shape, in order) first, then each tensor's bytes in that order, so the writer never needs more than one tensor, or
+// one part, in memory.
 class SafetensorsStreamWriter {
  public:
   // Writes the header; the entries' byte ranges are assigned here (begin/end are ignored).

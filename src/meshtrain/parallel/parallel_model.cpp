@@ -335,7 +335,8 @@ at::Tensor ParallelModel::rows_by_shard(const at::Tensor& tokens_BT) {
   const int64_t rows = table.shard().numel() / D, first = fsdp_comm_.rank() * rows;
   const at::Tensor here_K = positions_in_rows(tokens_N, first, first + rows);
   at::Tensor rows_ND = at::zeros({tokens_N.size(0), D}, at::kFloat);
-  rows_ND.index_copy_(0, here_K, table.shard().view({rows, D}).index_select(0, tokens_N.index_select(0, here_K) - first));
+  rows_ND.index_copy_(0, here_K,
+                      table.shard().view({rows, D}).index_select(0, tokens_N.index_select(0, here_K) - first));
   std::vector<int64_t> shape = tokens_BT.sizes().vec();
   shape.push_back(D);
   return fsdp_comm_.reduce_scatter_sum(rows_ND).view(shape);
