@@ -3,16 +3,19 @@
 //
 //   build-dir/bench/loader_bench [--dataset moby-dick-byte] [--global-batch-size 64] [--block-size 1024] [--hosts 2]
 //                                [--devices-per-host 4] [--threads 2] [--prefetch 2] [--batches 200] [--runs 5]
-//                                [--random-tokens N]
+//                                [--random-tokens N] [--no-peer]
 //
 // --random-tokens N reads, instead of --dataset, a shard of N random uint16 tokens written to a scratch folder first
 // (removed at the end): with N x 2 bytes well above the CPU caches, memcpy runs at memory speed, as on a real corpus.
+// --no-peer skips the PyTorch peer (to profile the host loader alone, e.g. under `perf record`).
 //
 // Host 0's rows of a job of `hosts` x `devices-per-host` devices with the batch over fsdp (every host reads
 // global_batch_size / hosts rows). Each side reads the same global batches (same seed) after a warm-up; the median
 // of `runs` timed runs of `batches` batches is reported. Tokens/s counts input tokens (rows x block_size); GB/s counts
 // the token bytes read from the shards (rows x (block_size + 1) x token width). memcpy copies exactly those bytes,
-// one thread, from precomputed offsets; the host loader also looks up the sample ids and widens to int32.
+// one thread, from precomputed offsets; the host loader also looks up the sample ids and widens to int32. The consumer
+// (one thread taking batches as fast as it can, as a device thread would if the loader were its bottleneck) reads
+// shares of a batch itself while it waits, as HostLoader::take does.
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/data/global_sampler.hpp"
@@ -75,6 +78,17 @@ std::filesystem::path write_random_shard(uint64_t total) {
   return dir;
 }
 
+// Runs the PyTorch peer (bench/loader_peer.py) and returns the tokens/s it prints.
+double peer_tokens_per_s(const std::string& command) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  MT_USER_CHECK(pipe, "cannot run {}", command);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  MT_USER_CHECK(::pclose(pipe) == 0, "the PyTorch peer failed: {}\n{}", command, output);
+  return nlohmann::json::parse(output).at("tokens_per_s").get<double>();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,6 +97,7 @@ int main(int argc, char** argv) {
   int64_t global_batch_size = 64, block_size = 1024;
   int hosts = 2, devices_per_host = 4, threads = 2, prefetch = 2, batches = 200, runs = 5;
   uint64_t random_tokens = 0;
+  bool no_peer = false;
   app.add_option("--dataset", dataset_name, "token-shard directory or name under assets/shards")->capture_default_str();
   app.add_option("--global-batch-size", global_batch_size)->capture_default_str();
   app.add_option("--block-size", block_size)->capture_default_str();
@@ -93,6 +108,7 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches, "batches per timed run")->capture_default_str();
   app.add_option("--runs", runs)->capture_default_str();
   app.add_option("--random-tokens", random_tokens, "read a scratch shard of this many random tokens instead");
+  app.add_flag("--no-peer", no_peer, "skip the PyTorch DataLoader peer");
   CLI11_PARSE(app, argc, argv);
   std::filesystem::path scratch;
   if (random_tokens > 0) dataset_name = (scratch = write_random_shard(random_tokens)).string();
@@ -155,17 +171,10 @@ int main(int argc, char** argv) {
   };
   const double loader = loader_rate(threads), loader_one_thread = loader_rate(1);
 
-  const std::string command = fmt::format(
+  const double peer = no_peer ? 0 : peer_tokens_per_s(fmt::format(
       "/usr/bin/python3 {}/bench/loader_peer.py --dataset '{}' --block-size {} --rows {} --hosts {} --host 0 "
       "--workers {} --prefetch {} --batches {} --runs {}", MESHTRAIN_SOURCE_DIR, dataset->path().string(), block_size,
-      rows, hosts, threads, prefetch, batches, std::max(1, runs / 2));
-  FILE* pipe = ::popen(command.c_str(), "r");
-  MT_USER_CHECK(pipe, "cannot run {}", command);
-  std::string peer_output;
-  char buffer[4096];
-  while (size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) peer_output.append(buffer, n);
-  MT_USER_CHECK(::pclose(pipe) == 0, "the PyTorch peer failed: {}\n{}", command, peer_output);
-  const double peer = nlohmann::json::parse(peer_output).at("tokens_per_s").get<double>();
+      rows, hosts, threads, prefetch, batches, std::max(1, runs / 2)));
 
   const double memcpy_rate = median(memcpy_rates);
   auto line = [&](const std::string& name, double tokens_per_s) {
@@ -174,10 +183,12 @@ int main(int argc, char** argv) {
   };
   if (!scratch.empty()) std::filesystem::remove_all(scratch);
   line("memcpy of the same bytes (1 thread)", memcpy_rate);
-  line(fmt::format("meshtrain host loader ({} threads)", threads), loader);
-  line("meshtrain host loader (1 thread)", loader_one_thread);
-  line(fmt::format("PyTorch DataLoader + DistributedSampler ({} workers)", threads), peer);
-  fmt::print("ratio host loader / PyTorch DataLoader: {:.1f}x (goal >= 10x)\n", loader / peer);
+  line(fmt::format("meshtrain host loader ({} threads + consumer)", threads), loader);
+  line("meshtrain host loader (1 thread + consumer)", loader_one_thread);
+  if (!no_peer) {
+    line(fmt::format("PyTorch DataLoader + DistributedSampler ({} workers)", threads), peer);
+    fmt::print("ratio host loader / PyTorch DataLoader: {:.1f}x (goal >= 10x)\n", loader / peer);
+  }
   fmt::print("ratio host loader / memcpy: {:.2f} (goal >= 0.33); 1 thread: {:.2f}\n", loader / memcpy_rate,
              loader_one_thread / memcpy_rate);
   const double memcpy_us = tokens_per_batch / memcpy_rate * 1e6;

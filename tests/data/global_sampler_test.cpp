@@ -69,8 +69,9 @@ TEST(GlobalSamplerTest, BatchesArePureFunctionsOfSeedEpochStep) {
   EXPECT_EQ(a.global_batch(3, 7), b.global_batch(3, 7));
   EXPECT_NE(a.global_batch(3, 7), other_seed.global_batch(3, 7));
   EXPECT_EQ(a.sample_at(3, 7, 5), a.global_batch(3, 7)[5]);
-  std::vector<int64_t> ids = {-1};
-  a.samples_at(3, 7, {9, 2, 15}, ids);
+  const std::vector<int64_t> rows = {9, 2, 15};
+  std::vector<int64_t> ids(3, -1);
+  a.samples_at(3, 7, rows.data(), rows.size(), ids.data());
   EXPECT_EQ(ids, (std::vector<int64_t>{a.sample_at(3, 7, 9), a.sample_at(3, 7, 2), a.sample_at(3, 7, 15)}));
 }
 

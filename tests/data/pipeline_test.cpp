@@ -7,13 +7,17 @@
 // Legend: B = global_batch_size rows, T = block_size tokens.
 #include "data/data_test_support.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/data/host_loader.hpp"
 #include "meshtrain/data/pipeline.hpp"
 #include "scratch_dir.hpp"
 #include "simulated_devices.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <deque>
 #include <set>
+#include <thread>
 
 namespace meshtrain::data {
 namespace {
@@ -144,6 +148,42 @@ TEST_F(DataPipelineTest, DatasetPathIsADirectoryOrANameUnderAssets) {
     EXPECT_NE(std::string(e.what()).find("dataset.path=no-such-dataset: no such token-shard directory"),
               std::string::npos) << e.what();
   }
+}
+
+// The host loader alone, on every split of a batch's rows it makes (1 to 3 loader threads, so 2 to 4 shares, with
+// consumers reading shares while they wait) and every read-ahead: every consumer gets every batch in order, each
+// row holding its sample; and a batch a consumer still holds is never overwritten by a later one (buffer reuse).
+TEST_F(DataPipelineTest, HostLoaderGivesEveryConsumerEveryBatchWhateverTheThreadsAndReadAhead) {
+  auto dataset = std::make_shared<const TokenDataset>(dir_, 8);
+  const GlobalSampler sampler(7, dataset->num_samples(), 8);  // 25 batches per epoch
+  const std::vector<int64_t> rows = {1, 5, 6, 7, 0, 3};      // not in order, not contiguous
+  auto expect_batch = [&](const HostBatch& batch, DataCursor cursor, const std::string& where) {
+    ASSERT_EQ(batch.cursor, cursor) << where;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const int64_t id = sampler.sample_at(cursor.epoch, cursor.step, rows[r]);
+      ASSERT_EQ(batch.sample_ids[r], id) << where << " row " << r;
+      ASSERT_TRUE(at::equal(batch.tokens_RT1[r], at::arange(id * 8, id * 8 + 9, at::kInt))) << where << " row " << r;
+    }
+  };
+  for (int threads : {1, 2, 3})
+    for (int prefetch : {1, 2, 3})
+      for (int consumers : {1, 3}) {
+        const std::string config = fmt::format("threads={} prefetch={} consumers={}", threads, prefetch, consumers);
+        HostLoader loader(dataset, sampler, rows, {0, 20}, {prefetch, threads, consumers});
+        std::vector<std::thread> consumer_threads;
+        for (int c = 0; c < consumers; ++c)
+          consumer_threads.emplace_back([&, c] {
+            std::deque<std::pair<DataCursor, std::shared_ptr<const HostBatch>>> held;  // the last two taken
+            DataCursor cursor{0, 20};
+            for (int64_t n = 0; n < 60; ++n, cursor = sampler.next(cursor)) {
+              const std::string where = fmt::format("{} consumer {} batch {}", config, c, n);
+              held.emplace_back(cursor, loader.take(n).batch);
+              for (const auto& [held_cursor, batch] : held) expect_batch(*batch, held_cursor, where);
+              if (held.size() > 2) held.pop_front();
+            }
+          });
+        for (std::thread& thread : consumer_threads) thread.join();
+      }
 }
 
 TEST(ReadPlanTest, RowsPerHostAndDevice) {

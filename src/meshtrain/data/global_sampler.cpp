@@ -92,24 +92,22 @@ int64_t GlobalSampler::sample_at(int64_t epoch, int64_t step, int64_t row) const
   return samples_.first + static_cast<int64_t>(order(epoch)(static_cast<uint64_t>(step * global_batch_size_ + row)));
 }
 
-void GlobalSampler::samples_at(int64_t epoch, int64_t step, const std::vector<int64_t>& rows,
-                               std::vector<int64_t>& ids) const {
+void GlobalSampler::samples_at(int64_t epoch, int64_t step, const int64_t* rows, size_t count, int64_t* ids) const {
   const IndexPermutation permutation = order(epoch);
-  ids.resize(rows.size());
   // Positions in the epoch's order, mapped in place (ids holds them as uint64 first).
-  uint64_t* positions = reinterpret_cast<uint64_t*>(ids.data());
-  for (size_t i = 0; i < rows.size(); ++i) {
+  uint64_t* positions = reinterpret_cast<uint64_t*>(ids);
+  for (size_t i = 0; i < count; ++i) {
     check_position(step, rows[i]);
     positions[i] = static_cast<uint64_t>(step * global_batch_size_ + rows[i]);
   }
-  permutation.map(positions, positions, rows.size());
-  for (int64_t& id : ids) id += samples_.first;
+  permutation.map(positions, positions, count);
+  for (size_t i = 0; i < count; ++i) ids[i] += samples_.first;
 }
 
 std::vector<int64_t> GlobalSampler::global_batch(int64_t epoch, int64_t step) const {
-  std::vector<int64_t> rows(global_batch_size_), ids;
+  std::vector<int64_t> rows(global_batch_size_), ids(global_batch_size_);
   for (int64_t row = 0; row < global_batch_size_; ++row) rows[row] = row;
-  samples_at(epoch, step, rows, ids);
+  samples_at(epoch, step, rows.data(), rows.size(), ids.data());
   return ids;
 }
 

@@ -65,8 +65,8 @@ class GlobalSampler {
   std::vector<int64_t> global_batch(int64_t epoch, int64_t step) const;
   // Sample id of one row (random access: what a host needs for the rows it reads).
   int64_t sample_at(int64_t epoch, int64_t step, int64_t row) const;
-  // Sample ids of `rows` into `ids` (resized), the epoch's permutation keyed once for all of them.
-  void samples_at(int64_t epoch, int64_t step, const std::vector<int64_t>& rows, std::vector<int64_t>& ids) const;
+  // Sample ids of the `count` rows at `rows` into `ids[0, count)`, the epoch's permutation keyed once for all of them.
+  void samples_at(int64_t epoch, int64_t step, const int64_t* rows, size_t count, int64_t* ids) const;
   // The cursor after `cursor`: the next step, or the first step of the next epoch.
   DataCursor next(const DataCursor& cursor) const;
 

@@ -26,8 +26,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 template <typename Ready>
-void HostLoader::wait_until(std::unique_lock<std::mutex>& lock, Ready&& ready) {
-  // The other side is usually a few microseconds away (a batch of 32 rows of 1 K tokens is read in about 10 us),
+void HostLoader::wait_until(std::unique_lock<AdaptiveMutex>& lock, Ready&& ready) {
+  // The other side is usually a few microseconds away (a batch of 32 rows of 1 K tokens is read in about 5 us),
   // while falling asleep on the condition variable and being woken costs a system call on each side, more than the
   // read itself on this machine (perf of loader_bench: half of its time in the kernel). So first watch the change
   // counter without the lock and without system calls, then yield the core, and only sleep after kPollFor: a device
@@ -35,19 +35,24 @@ void HostLoader::wait_until(std::unique_lock<std::mutex>& lock, Ready&& ready) {
   constexpr auto kPollFor = std::chrono::microseconds(50);
   const auto give_up = std::chrono::steady_clock::now() + kPollFor;
   while (!ready()) {
-    if (std::chrono::steady_clock::now() > give_up) {
+    // Only this side's lock holds `ready` false until someone announces a change: poll the counter unlocked, and
+    // take the lock again only once it moved (re-locking while the other side works makes it wait on the futex).
+    const uint64_t seen = changes_.load(std::memory_order_acquire);
+    lock.unlock();
+    bool changed = false;
+    while (!changed) {
+      for (int i = 0; i < 256 && !changed; ++i) {
+        cpu_relax();
+        changed = changes_.load(std::memory_order_acquire) != seen;
+      }
+      if (changed || std::chrono::steady_clock::now() > give_up) break;
+      std::this_thread::yield();
+    }
+    lock.lock();
+    if (!changed) {
       changed_.wait(lock, ready);
       return;
     }
-    const uint64_t seen = changes_.load(std::memory_order_relaxed);
-    lock.unlock();
-    bool changed = false;
-    for (int i = 0; i < 256 && !changed; ++i) {
-      cpu_relax();
-      changed = changes_.load(std::memory_order_relaxed) != seen;
-    }
-    if (!changed) std::this_thread::yield();
-    lock.lock();
   }
 }
 
@@ -59,6 +64,8 @@ void HostLoader::announce_change() {
 HostLoader::HostLoader(std::shared_ptr<const TokenDataset> dataset, GlobalSampler sampler, std::vector<int64_t> rows,
                        DataCursor start, HostLoaderOptions options)
     : dataset_(std::move(dataset)), sampler_(sampler), rows_(std::move(rows)), options_(options),
+      shares_per_batch_(
+          static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(rows_.size()), 1, options.threads + 1))),
       next_cursor_(start) {
   MT_USER_CHECK(options.prefetch_steps >= 1, "data.prefetch_steps must be at least 1, got {}", options.prefetch_steps);
   MT_USER_CHECK(options.threads >= 1, "data.loader_threads must be at least 1, got {}", options.threads);
@@ -72,7 +79,7 @@ HostLoader::HostLoader(std::shared_ptr<const TokenDataset> dataset, GlobalSample
 
 HostLoader::~HostLoader() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<AdaptiveMutex> lock(mutex_);
     stopping_ = true;
   }
   announce_change();
@@ -80,58 +87,87 @@ HostLoader::~HostLoader() {
 }
 
 void HostLoader::work() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<AdaptiveMutex> lock(mutex_);
   while (true) {
-    wait_until(lock, [&] { return stopping_ || failure_ || next_to_read_ < retired_ + options_.prefetch_steps; });
+    wait_until(lock, [&] { return stopping_ || failure_ || claimable(); });
     if (stopping_ || failure_) return;
-    const int64_t n = next_to_read_++;
+    read_share(lock, claim());
+  }
+}
+
+void HostLoader::read_share(std::unique_lock<AdaptiveMutex>& lock, const Share& share) {
+  lock.unlock();
+  double seconds = 0;
+  std::exception_ptr failure;
+  try {
+    seconds = read(share);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  lock.lock();
+  if (failure) {
+    if (!failure_) failure_ = failure;
+  } else {
+    Slot& slot = slots_.at(share.n);  // kept until every consumer took it, after every share was read
+    slot.batch->read_seconds += seconds;
+    if (++slot.read < shares_per_batch_) return;
+  }
+  announce_change();
+}
+
+bool HostLoader::claimable() const {
+  const bool newest_has_shares = !slots_.empty() && slots_.rbegin()->second.claimed < shares_per_batch_;
+  return newest_has_shares || next_to_read_ < retired_ + options_.prefetch_steps;
+}
+
+HostLoader::Share HostLoader::claim() {
+  if (slots_.empty() || slots_.rbegin()->second.claimed == shares_per_batch_) {  // open the next batch
     auto batch = std::make_shared<HostBatch>();
-    batch->cursor = next_cursor_;
-    next_cursor_ = sampler_.next(next_cursor_);
-    slots_[n];
-    at::Tensor buffer;
+    batch->sample_ids.resize(rows_.size());
     // A buffer only this list refers to (no batch holds it, no view of it is alive): no consumer still reads it.
+    // (c10's use counts are read with acquire order: the consumers' reads happen before the reuse.)
     auto reusable = std::find_if(buffers_.begin(), buffers_.end(), [](const at::Tensor& b) {
       return b.use_count() == 1 && b.storage().use_count() == 1;
     });
     if (reusable != buffers_.end()) {
-      buffer = std::move(*reusable);
+      batch->tokens_RT1 = std::move(*reusable);
       buffers_.erase(reusable);
+    } else {
+      batch->tokens_RT1 = at::empty({static_cast<int64_t>(rows_.size()), dataset_->block_size() + 1}, at::kInt);
     }
-    lock.unlock();
-    try {
-      read(*batch, std::move(buffer));
-    } catch (...) {
-      lock.lock();
-      failure_ = std::current_exception();
-      announce_change();
-      return;
-    }
-    lock.lock();
-    slots_[n].batch = std::move(batch);
-    announce_change();
+    batch->cursor = next_cursor_;
+    next_cursor_ = sampler_.next(next_cursor_);
+    slots_[next_to_read_++].batch = std::move(batch);
   }
+  auto& [n, slot] = *slots_.rbegin();
+  const int64_t rows = static_cast<int64_t>(rows_.size()), share = slot.claimed++;
+  return {n, slot.batch.get(), rows * share / shares_per_batch_, rows * (share + 1) / shares_per_batch_};
 }
 
-void HostLoader::read(HostBatch& batch, at::Tensor buffer) const {
+double HostLoader::read(const Share& share) const {
   const auto start = std::chrono::steady_clock::now();
-  const int64_t rows = static_cast<int64_t>(rows_.size()), width = dataset_->block_size() + 1;
-  batch.tokens_RT1 = buffer.defined() ? std::move(buffer) : at::empty({rows, width}, at::kInt);
+  HostBatch& batch = *share.batch;  // this share's rows only: other workers fill the others
+  const int64_t width = dataset_->block_size() + 1;
   int32_t* out = batch.tokens_RT1.data_ptr<int32_t>();
-  sampler_.samples_at(batch.cursor.epoch, batch.cursor.step, rows_, batch.sample_ids);
-  for (int64_t r = 0; r < rows; ++r) dataset_->read_sample(batch.sample_ids[r], out + r * width);
-  batch.read_seconds = seconds_since(start);
+  sampler_.samples_at(batch.cursor.epoch, batch.cursor.step, rows_.data() + share.begin,
+                      static_cast<size_t>(share.end - share.begin), batch.sample_ids.data() + share.begin);
+  for (int64_t r = share.begin; r < share.end; ++r) dataset_->read_sample(batch.sample_ids[r], out + r * width);
+  return seconds_since(start);
 }
 
 HostLoader::Taken HostLoader::take(int64_t n) {
   const auto start = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::unique_lock<AdaptiveMutex> lock(mutex_);
   MT_CHECK(n >= retired_, "batch {} was already taken by every consumer", n);
-  wait_until(lock, [&] {
-    if (failure_) return true;
+  auto ready = [&] {
     auto slot = slots_.find(n);
-    return slot != slots_.end() && slot->second.batch != nullptr;
-  });
+    return slot != slots_.end() && slot->second.read == shares_per_batch_;
+  };
+  while (true) {  // a consumer that would wait reads a share itself, as a worker would
+    wait_until(lock, [&] { return failure_ || ready() || claimable(); });
+    if (failure_ || ready()) break;
+    read_share(lock, claim());
+  }
   if (failure_) std::rethrow_exception(failure_);
   Taken taken;
   taken.wait_seconds = seconds_since(start);

@@ -1,17 +1,22 @@
 // host_loader.hpp — HostLoader: reads this host's rows of each global batch into a host-local batch, ahead of the
 // training loop, in background threads.
 //
-// Batch n is the n-th global batch from the start cursor (GlobalSampler order, epochs rolling over). Each worker
-// thread claims the next batch number, looks up the sample id of each planned row (random access into the
-// sampler's permutation), and copies each sample's tokens out of the memory-mapped shards into one int32 buffer.
-// At most `prefetch_steps` batches are read or waiting beyond those every consumer has taken. Every local device
-// thread is a consumer and takes every batch, in order; a batch is dropped once all of them have taken it, and its
-// buffer is reused for a later batch once nothing refers to it any more (fresh buffers would page-fault on every
-// batch, which costs more than the copy).
+// Batch n is the n-th global batch from the start cursor (GlobalSampler order, epochs rolling over). Its rows are
+// split into threads + 1 shares (fewer when there are fewer rows), so that several threads read one batch side by
+// side: a worker claims the next unclaimed share (opening the next batch number when the newest has none left), looks
+// up the sample ids of its rows (random access into the sampler's permutation) and copies each sample's tokens out
+// of the memory-mapped shards into its rows of the batch's int32 buffer; the batch is ready once every share is
+// read. A consumer whose batch is not ready claims and reads shares too instead of only waiting (the "+ 1": on a
+// machine with as many loader threads as cores, a waiting consumer would otherwise take a core from them). At most
+// `prefetch_steps` batches are open or waiting beyond those every consumer has taken. Every local device thread is a
+// consumer and takes every batch, in order; a batch is dropped once all of them have taken it, and its buffer is
+// reused for a later batch once nothing refers to it any more (fresh buffers would page-fault on every batch, which
+// costs more than the copy). The lock is an AdaptiveMutex: the hand-over's critical sections are short.
 //
 // Legend: R = host-local rows (ReadPlan::rows), T1 = block_size + 1 tokens.
 #pragma once
 
+#include "meshtrain/common/adaptive_mutex.hpp"
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/data/global_sampler.hpp"
 
@@ -33,7 +38,7 @@ struct HostBatch {
   DataCursor cursor;
   std::vector<int64_t> sample_ids;  // per host-local row
   at::Tensor tokens_RT1;            // int32: row r holds sample sample_ids[r]
-  double read_seconds = 0;          // time the worker spent reading it
+  double read_seconds = 0;          // loader-thread time spent reading it (summed over the threads that shared it)
 };
 
 struct HostLoaderOptions {
@@ -60,11 +65,22 @@ class HostLoader {
   Taken take(int64_t n);
 
  private:
+  // One worker's share of a batch: rows [begin, end) of batch `n`.
+  struct Share {
+    int64_t n;
+    HostBatch* batch;
+    int64_t begin, end;
+  };
   void work();
-  void read(HostBatch& batch, at::Tensor buffer) const;
+  // Under the lock: whether a share can be claimed now, and claiming it.
+  bool claimable() const;
+  Share claim();
+  // Reads a share claimed under `lock` (released meanwhile) and counts it read; a failure goes to failure_.
+  void read_share(std::unique_lock<AdaptiveMutex>& lock, const Share& share);
+  double read(const Share& share) const;  // returns the seconds it took
   // changed_.wait(lock, ready), polling for a few microseconds before sleeping.
   template <typename Ready>
-  void wait_until(std::unique_lock<std::mutex>& lock, Ready&& ready);
+  void wait_until(std::unique_lock<AdaptiveMutex>& lock, Ready&& ready);
   // Under the lock, after changing what a waiter waits for: counts the change and wakes the sleepers.
   void announce_change();
 
@@ -72,20 +88,23 @@ class HostLoader {
   GlobalSampler sampler_;
   std::vector<int64_t> rows_;
   HostLoaderOptions options_;
+  int shares_per_batch_;
 
-  std::mutex mutex_;
-  std::condition_variable changed_;
+  AdaptiveMutex mutex_;
+  std::condition_variable_any changed_;
   std::atomic<uint64_t> changes_{0};  // announce_change() calls: polled by wait_until without the lock
   bool stopping_ = false;
   std::exception_ptr failure_;
-  int64_t next_to_read_ = 0;  // the batch number the next idle worker claims
+  int64_t next_to_read_ = 0;  // the batch number opened next
   DataCursor next_cursor_;    // its cursor
   int64_t retired_ = 0;       // batches every consumer has taken
   struct Slot {
-    std::shared_ptr<const HostBatch> batch;  // null while being read
-    int taken = 0;
+    std::shared_ptr<HostBatch> batch;
+    int claimed = 0;  // shares handed to workers
+    int read = 0;     // shares read: the batch is ready at shares_per_batch_
+    int taken = 0;    // consumers that took it
   };
-  std::map<int64_t, Slot> slots_;  // claimed and not yet retired
+  std::map<int64_t, Slot> slots_;  // opened and not yet retired
   std::vector<at::Tensor> buffers_;  // buffers of retired batches, free once their storage has no other user
   std::vector<std::thread> workers_;
 };
