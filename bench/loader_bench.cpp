@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
   }
 
   // The host loader, as the pipeline runs it (one consumer here), with `threads` and with one thread; with the
-  // median time a worker spent reading a batch (HostBatch::read_seconds), against the wall time per batch taken.
+  // median thread time spent reading a batch (HostBatch::read_seconds: summed over the threads that read its shares,
+  // so it can exceed the wall time per batch taken).
   std::vector<double> read_us;
   auto loader_rate = [&](int loader_threads) {
     std::vector<double> rates, reads;
@@ -192,8 +193,8 @@ int main(int argc, char** argv) {
   fmt::print("ratio host loader / memcpy: {:.2f} (goal >= 0.33); 1 thread: {:.2f}\n", loader / memcpy_rate,
              loader_one_thread / memcpy_rate);
   const double memcpy_us = tokens_per_batch / memcpy_rate * 1e6;
-  fmt::print("per batch: memcpy {:.1f} us; host loader {:.1f} us, of which a worker read it in {:.1f} us ({} threads); "
-             "1 thread {:.1f} us, read in {:.1f} us\n", memcpy_us, tokens_per_batch / loader * 1e6, read_us[0], threads,
-             tokens_per_batch / loader_one_thread * 1e6, read_us[1]);
+  fmt::print("per batch: memcpy {:.1f} us; host loader {:.1f} us, reading it took {:.1f} us of thread time ({} threads "
+             "+ consumer); 1 thread {:.1f} us, reading {:.1f} us\n", memcpy_us, tokens_per_batch / loader * 1e6,
+             read_us[0], threads, tokens_per_batch / loader_one_thread * 1e6, read_us[1]);
   return 0;
 }
