@@ -124,7 +124,10 @@ int launch_local(const LocalLaunch& launch) {
     }
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
-    hosts[h] = HostProcess{h, pid, out_pipe[0], err_pipe[0]};
+    hosts[h].host = h;
+    hosts[h].pid = pid;
+    hosts[h].out_fd = out_pipe[0];
+    hosts[h].err_fd = err_pipe[0];
   }
 
   struct sigaction action {};

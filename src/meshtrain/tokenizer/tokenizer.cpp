@@ -49,17 +49,20 @@ size_t table_capacity(size_t entries) {
 // The tokens of recently encoded pieces, per thread. Natural text repeats a few thousand words: a probe here stays in
 // the core's caches, where the vocabulary's tables (4 MB of tokens and 8 MB of pairs for cl100k) are probed at random
 // and miss to memory (perf: those loads were 60% of encoding; a word that is not one token costs about three pair
-// probes per byte). Direct-mapped; a piece of 2 to 16 bytes whose tokens fit an entry is kept, and a colliding piece
-// replaces it.
+// probes per byte). A piece of 2 to 16 bytes that is at most 3 tokens is kept; 65536 entries of 32 bytes in sets of
+// two, the least recently used of a set replaced. (Moby-Dick has more distinct pieces than the 32768 direct-mapped
+// 64-byte entries this replaced: those missed on 5.7% of the pieces, this on 1.6%, and encoding ran about 1.4x as
+// fast.)
 class PieceCache {
  public:
-  static constexpr size_t kMaxBytes = 16, kMaxIds = 11;
-  struct Entry {  // one cache line
+  static constexpr size_t kMaxBytes = 16, kMaxIds = 3;
+  struct Entry {  // half a cache line
     uint64_t bytes[2];  // the piece, zero-padded
-    uint16_t length;
-    uint16_t count;
+    uint8_t length;
+    uint8_t count;
     uint32_t ids[kMaxIds];
   };
+  static_assert(sizeof(Entry) == 32);
 
   // This thread's cache for the tokenizer numbered `owner` (emptied when the thread moves to another tokenizer).
   static PieceCache& for_thread(uint64_t owner) {
@@ -71,30 +74,40 @@ class PieceCache {
     return cache;
   }
 
-  // The entry where `piece` is or would be kept, or nullptr if pieces of its size are not kept; `key` receives the
-  // piece's padded bytes for holds() and keep().
-  Entry* slot(std::string_view piece, uint64_t (&key)[2]) {
+  // The two entries where `piece` may be kept (the one used more recently first), or nullptr if pieces of its size
+  // are not kept; `key` receives the piece's padded bytes for find() and keep().
+  Entry* set(std::string_view piece, uint64_t (&key)[2]) {
     if (piece.size() < 2 || piece.size() > kMaxBytes) return nullptr;
     key[0] = key[1] = 0;
     std::memcpy(key, piece.data(), piece.size());
     uint64_t hash = (key[0] ^ (key[1] * 0xBF58476D1CE4E5B9ull) ^ piece.size()) * 0x9E3779B97F4A7C15ull;
-    return &entries_[hash >> (64 - kSlotBits)];
+    return &entries_[(hash >> (64 - kSlotBits)) & ~size_t{1}];
   }
-  static bool holds(const Entry& entry, std::string_view piece, const uint64_t (&key)[2]) {
-    return entry.bytes[0] == key[0] && entry.bytes[1] == key[1] && entry.length == piece.size();
+  // The entry of `set` holding `piece`, moved to the front; nullptr if neither does.
+  static const Entry* find(Entry* set, std::string_view piece, const uint64_t (&key)[2]) {
+    if (holds(set[0], piece, key)) return &set[0];
+    if (!holds(set[1], piece, key)) return nullptr;
+    std::swap(set[0], set[1]);
+    return &set[0];
   }
-  static void keep(Entry& entry, std::string_view piece, const uint64_t (&key)[2], const uint32_t* ids,
-                   size_t count) {
+  // Keeps `piece` at the front of `set`; the front entry moves back, and the back one is dropped.
+  static void keep(Entry* set, std::string_view piece, const uint64_t (&key)[2], const uint32_t* ids, size_t count) {
     if (count > kMaxIds) return;
+    set[1] = set[0];
+    Entry& entry = set[0];
     entry.bytes[0] = key[0];
     entry.bytes[1] = key[1];
-    entry.length = static_cast<uint16_t>(piece.size());
-    entry.count = static_cast<uint16_t>(count);
+    entry.length = static_cast<uint8_t>(piece.size());
+    entry.count = static_cast<uint8_t>(count);
     std::copy(ids, ids + count, entry.ids);
   }
 
  private:
-  static constexpr int kSlotBits = 15;
+  static bool holds(const Entry& entry, std::string_view piece, const uint64_t (&key)[2]) {
+    return entry.bytes[0] == key[0] && entry.bytes[1] == key[1] && entry.length == piece.size();
+  }
+
+  static constexpr int kSlotBits = 16;
   static constexpr size_t kSlots = size_t(1) << kSlotBits;
   PieceCache() : entries_(kSlots, Entry{}) {}
   HugePageArray<Entry> entries_;
@@ -341,15 +354,15 @@ void Tokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>& ou
   PieceCache& cache = PieceCache::for_thread(serial_);
   pre_tokenizer_->split(text, [&](std::string_view piece) {
     uint64_t key[2];
-    PieceCache::Entry* entry = cache.slot(piece, key);
-    if (!entry) return encode_piece(piece, out);
-    if (PieceCache::holds(*entry, piece, key)) {
+    PieceCache::Entry* set = cache.set(piece, key);
+    if (!set) return encode_piece(piece, out);
+    if (const PieceCache::Entry* entry = PieceCache::find(set, piece, key)) {
       for (uint16_t i = 0; i < entry->count; ++i) out.push_back(entry->ids[i]);
       return;
     }
     size_t before = out.size();
     encode_piece(piece, out);
-    PieceCache::keep(*entry, piece, key, out.data() + before, out.size() - before);
+    PieceCache::keep(set, piece, key, out.data() + before, out.size() - before);
   });
 }
 
