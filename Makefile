@@ -62,8 +62,8 @@ STRESS_RUNS ?= 100
 # job (in `make test`): the yaml-cpp race of issue 11 crashed 1 of 18 ASan runs (glibc's heap checks catch it more
 # often in a Release build).
 ASAN_STRESS_RUNS ?= 2
-# The thread-heavy unit tests (tests/runtime, tests/data, tests/parallel), in-process only.
-TSAN_FILTER ?= CommTest.*:LocalGroupTest.*:HostIdentityTest.*:GlobalSamplerTest.*:ReadPlanTest.*:PlanCommandTest.*:DataPipelineTest.*:ParallelModelTest.*:BlockCacheAllocatorTest.*:ComputeThreadsTest.*:AllToAllRowsTest.*:MixtralBlockTest.*
+# The thread-heavy unit tests (tests/runtime, tests/data, tests/parallel, and prepare's tokenizing pool), in-process only.
+TSAN_FILTER ?= CommTest.*:LocalGroupTest.*:HostIdentityTest.*:GlobalSamplerTest.*:ReadPlanTest.*:PlanCommandTest.*:DataPipelineTest.*:ParallelModelTest.*:BlockCacheAllocatorTest.*:ComputeThreadsTest.*:AllToAllRowsTest.*:MixtralBlockTest.*:TokensPrepareTest.*
 
 $(ASAN_DIR)/build.ninja:
 	cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=address,undefined
@@ -80,7 +80,7 @@ $(TSAN_DIR)/build.ninja:
 	cmake -S . -B $(TSAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=thread
 
 build-tsan: setup $(TSAN_DIR)/build.ninja
-	env $(TSAN_ENV) ninja -C $(TSAN_DIR) -j $(JOBS) meshtrain_torch_tests
+	env $(TSAN_ENV) ninja -C $(TSAN_DIR) -j $(JOBS) meshtrain_torch_tests meshtrain_core_tests
 
 # Through ctest, as CI runs the unit tests: each test in its own process (the block cache's tests count from zero).
 test-tsan: build-tsan

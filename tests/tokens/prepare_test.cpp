@@ -110,6 +110,48 @@ TEST_F(TokensPrepareTest, BadJsonlLineIsNamedAndLeavesNothing) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);  // only in/
 }
 
+// A corpus of several 1 MB batches: the pool's workers tokenize them out of order, and the shards hold them in
+// input order whatever the thread count; a bad line in a late batch still names its line and leaves nothing.
+TEST_F(TokensPrepareTest, ManyBatchesComeOutInInputOrderOnAnyThreadCount) {
+  const fs::path big = dir_ / "big";
+  fs::create_directories(big);
+  std::vector<std::string> texts;
+  {
+    std::ofstream out(big / "many.jsonl");
+    for (int i = 0; i < 4000; ++i) {  // about 3.6 MB: 4 batches
+      texts.push_back("document " + std::to_string(i) + " " + std::string(800 + i % 97, static_cast<char>('a' + i % 26)));
+      out << R"({"text": ")" << texts.back() << "\"}\n";
+    }
+  }
+  auto byte = tokenizer::load_tokenizer("byte");
+  for (int threads : {1, 3}) {
+    PrepareOptions options;
+    options.inputs = {big};
+    options.output_dir = dir_ / ("out" + std::to_string(threads));
+    options.threads = threads;
+    options.shard_tokens = 1 << 20;
+    ShardIndex index = prepare_token_shards(*byte, options);
+    EXPECT_EQ(index.total_documents, texts.size());
+    auto documents = documents_of(ShardDirectory::open(options.output_dir));
+    ASSERT_EQ(documents.size(), texts.size()) << threads << " threads";
+    for (size_t i = 0; i < texts.size(); ++i) ASSERT_EQ(byte->decode(documents[i]), texts[i]) << threads << " threads";
+  }
+
+  std::ofstream(big / "many.jsonl", std::ios::app) << "not json\n";
+  PrepareOptions options;
+  options.inputs = {big};
+  options.output_dir = dir_ / "bad";
+  options.threads = 3;
+  try {
+    prepare_token_shards(*byte, options);
+    FAIL() << "expected UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find((big / "many.jsonl").string() + ":4001: not a JSON object"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bad"));
+}
+
 TEST_F(TokensPrepareTest, ExistingOutputNeedsForce) {
   auto byte = tokenizer::load_tokenizer("byte");
   PrepareOptions options;

@@ -1,12 +1,14 @@
 // prepare.cpp — the prepare pipeline: read documents in batches, tokenize the batches on a pool of threads, write
-// them in input order into shards.
+// them in input order into shards while the pool goes on.
 #include "meshtrain/tokens/prepare.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -107,7 +109,7 @@ class DocumentReader {
   uint64_t line_ = 0;
 };
 
-// Tokenizes every document of `batch` with one thread (`threads` for a single large text document).
+// Tokenizes every document of `batch` with one thread (`threads` for a document of kLargeDocumentBytes or more).
 void tokenize_batch(const tokenizer::Tokenizer& tokenizer, const std::string& text_field, int threads, Batch& batch) {
   std::optional<uint32_t> separator = tokenizer.end_of_text_id();
   batch.tokens.reserve(batch.bytes / 3 + batch.texts.size() + 16);
@@ -141,6 +143,105 @@ void tokenize_batch(const tokenizer::Tokenizer& tokenizer, const std::string& te
   batch.texts.clear();
   batch.texts.shrink_to_fit();
 }
+
+// Tokenizes the reader's batches on `threads` workers that live for the whole run, and hands them out in input
+// order. Each worker keeps its thread's piece cache (see tokenizer.cpp) warm from one batch to the next; a thread
+// started per round of batches began with an empty one every time. A worker reads the next batch under the lock
+// (the reader is sequential), tokenizes it outside the lock, and files it by its number; next() waits for the
+// batch whose turn it is, so the caller writes batch n while the workers tokenize the batches after it. At most
+// 2 batches per worker are read and not yet handed out. A failure (reading or tokenizing) stops the workers and is
+// rethrown by next().
+class TokenizingPool {
+ public:
+  // `tokenize(batch, threads)`: `threads` is how many cores are not tokenizing another batch (at least 1), for a
+  // large document.
+  TokenizingPool(DocumentReader& reader, std::function<void(Batch&, int)> tokenize, int threads)
+      : reader_(reader), tokenize_(std::move(tokenize)), threads_(threads), window_(2 * static_cast<uint64_t>(threads)) {
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~TokenizingPool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (std::thread& worker : workers_) worker.join();
+  }
+  TokenizingPool(const TokenizingPool&) = delete;
+  TokenizingPool& operator=(const TokenizingPool&) = delete;
+
+  // The next batch in input order, tokenized; nullopt after the last.
+  std::optional<Batch> next() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] {
+      return failure_ || done_.count(next_out_) || (reader_done_ && next_out_ == next_in_);
+    });
+    if (failure_) std::rethrow_exception(failure_);
+    auto it = done_.find(next_out_);
+    if (it == done_.end()) return std::nullopt;
+    Batch batch = std::move(it->second);
+    done_.erase(it);
+    ++next_out_;
+    changed_.notify_all();  // a worker may read another batch
+    return batch;
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [&] { return stopping_ || failure_ || reader_done_ || next_in_ < next_out_ + window_; });
+      if (stopping_ || failure_ || reader_done_) return;
+      std::optional<Batch> batch;
+      try {
+        batch = reader_.next();
+      } catch (...) {
+        fail(std::current_exception());
+        return;
+      }
+      if (!batch) {
+        reader_done_ = true;
+        changed_.notify_all();
+        return;
+      }
+      const uint64_t n = next_in_++;
+      const int idle_cores = threads_ - busy_;
+      ++busy_;
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        tokenize_(*batch, std::max(1, idle_cores));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      --busy_;
+      if (failure) {
+        fail(failure);
+        return;
+      }
+      done_.emplace(n, std::move(*batch));
+      changed_.notify_all();
+    }
+  }
+  void fail(std::exception_ptr failure) {  // under the lock
+    if (!failure_) failure_ = failure;
+    changed_.notify_all();
+  }
+
+  DocumentReader& reader_;
+  std::function<void(Batch&, int)> tokenize_;
+  const int threads_;
+  const uint64_t window_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false, reader_done_ = false;
+  std::exception_ptr failure_;
+  uint64_t next_in_ = 0, next_out_ = 0;  // the numbers of the next batch to read and to hand out
+  int busy_ = 0;                         // workers tokenizing a batch
+  std::map<uint64_t, Batch> done_;       // tokenized, not yet handed out
+  std::vector<std::thread> workers_;
+};
 
 class ProgressBar {
  public:
@@ -214,38 +315,13 @@ ShardIndex prepare_token_shards(const tokenizer::Tokenizer& tokenizer, const Pre
   DocumentReader reader(sources);
   uint64_t bytes_done = 0, tokens_done = 0;
   try {
-    for (;;) {
-      // One round: up to 2 batches per thread, tokenized in parallel, written in order.
-      std::vector<Batch> round;
-      while (round.size() < size_t(2 * threads)) {
-        std::optional<Batch> batch = reader.next();
-        if (!batch) break;
-        round.push_back(std::move(*batch));
-      }
-      if (round.empty()) break;
-      std::atomic<size_t> next{0};
-      std::exception_ptr failure;
-      std::mutex failure_mutex;
-      auto work = [&] {
-        for (size_t i; (i = next.fetch_add(1)) < round.size();) {
-          try {
-            tokenize_batch(tokenizer, options.text_field, round.size() == 1 ? threads : 1, round[i]);
-          } catch (...) {
-            std::lock_guard<std::mutex> lock(failure_mutex);
-            if (!failure) failure = std::current_exception();
-          }
-        }
-      };
-      std::vector<std::thread> pool;
-      for (int t = 1; t < std::min<int>(threads, int(round.size())); ++t) pool.emplace_back(work);
-      work();
-      for (std::thread& t : pool) t.join();
-      if (failure) std::rethrow_exception(failure);
-      for (const Batch& batch : round) {
-        write_batch(batch);
-        bytes_done += batch.bytes;
-        tokens_done += batch.tokens.size();
-      }
+    TokenizingPool pool(
+        reader, [&](Batch& batch, int idle_cores) { tokenize_batch(tokenizer, options.text_field, idle_cores, batch); },
+        threads);
+    while (std::optional<Batch> batch = pool.next()) {
+      write_batch(*batch);
+      bytes_done += batch->bytes;
+      tokens_done += batch->tokens.size();
       progress.update(bytes_done, tokens_done);
     }
     if (writer && writer->document_count() > 0) close_shard();
