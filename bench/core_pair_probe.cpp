@@ -58,13 +58,19 @@ struct Probe {
 
 int main(int argc, char** argv) {
   int batches = 40000;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--batches")) {
-      batches = std::max(1, std::atoi(argv[i + 1]));
-    } else {
-      std::fprintf(stderr, "usage: core_pair_probe [--batches N]\n");
+  for (int i = 1; i < argc; i += 2) {
+    if (std::strcmp(argv[i], "--batches")) {
+      std::fprintf(stderr, "core_pair_probe: unknown option %s (usage: core_pair_probe [--batches N])\n", argv[i]);
       return 2;
     }
+    char* end = nullptr;
+    const long value = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0;
+    if (i + 1 >= argc || *end != '\0' || value < 1 || value > 100000000) {
+      std::fprintf(stderr, "core_pair_probe: --batches expects a whole number from 1 to 100000000, got %s\n",
+                   i + 1 < argc ? argv[i + 1] : "nothing");
+      return 2;
+    }
+    batches = static_cast<int>(value);
   }
   Probe probe;
   probe.run(0, kRows, batches / 10);  // warm-up
