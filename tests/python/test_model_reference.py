@@ -329,6 +329,26 @@ class ModelReferenceTest(unittest.TestCase):
                 check_greedy_tokens(self, cfg, {k: v.double() for k, v in params.items()}, prompt.tolist(),
                                     printed["tokens"])
 
+    def test_attention_in_several_query_blocks(self):
+        """Causal attention runs in blocks of 64 query positions (model/llama.hpp kAttentionQueryBlock): 199 positions
+        (three whole blocks and a partial one) score like the reference, and a 150-token prompt, filled into the KV
+        cache in blocks, generates the reference's greedy tokens."""
+        cfg = CASES["gqa"]
+        _, worst = run_case(self, cfg, seed=120, seq_len=200)
+        print(f"gqa, 199 positions: worst |C++ - reference| over logits and grads = {worst:.3g}", file=sys.stderr)
+        params = make_params(cfg, 23)
+        prompt = torch.randint(0, cfg["vocab_size"], (150,), generator=torch.Generator().manual_seed(24))
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            write_safetensors(os.path.join(tmp, "model.safetensors"), params)
+            proc = subprocess.run([BINARY, "generate", "--checkpoint", tmp, "--tokens",
+                                   " ".join(map(str, prompt.tolist())), "--max-new-tokens", "6", "--json",
+                                   "--threads", "2"], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        check_greedy_tokens(self, cfg, {k: v.double() for k, v in params.items()}, prompt.tolist(),
+                            json.loads(proc.stdout)["tokens"])
+
     def test_reference_detects_rope_convention_error(self):
         """The tolerance is meaningful: the interleaved (Meta) RoPE pairing gives logits far outside it."""
         cfg = CASES["gqa_llama31_rope"]

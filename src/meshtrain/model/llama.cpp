@@ -1,6 +1,7 @@
 // llama.cpp — the Llama-3 modules, rotary embedding with Llama-3.1 scaling, loss helpers, HF-style initialization.
 // Shape suffixes as in llama.hpp: B batch, T sequence, D hidden, V vocab, H/K query/key-value heads, G = H/K,
-// E head_dim, F intermediate, S key positions.
+// E head_dim, F intermediate, S key positions, Q query positions of one attention block, P the key positions it
+// sees.
 #include "meshtrain/model/llama.hpp"
 
 #include "meshtrain/common/error.hpp"
@@ -110,17 +111,39 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTabl
   }
   const int64_t S = k_BKSE.size(2);
 
-  // Grouped-query attention without copying K/V per query head: query head h = k*G + g reads key/value head k, so
-  // the G query heads of a group are stacked along the row axis of one matmul against their shared K.
-  torch::Tensor q_BKRE = q_BHTE.reshape({B, K, G * T, E});  // R = G*T rows: (g, t)
-  torch::Tensor scores_BKRS = torch::matmul(q_BKRE, k_BKSE.transpose(-1, -2)).mul(1.0 / std::sqrt(double(E)));
-  // Query t sits at position S - T + t and sees keys s <= S - T + t.
-  torch::Tensor future_TS = torch::ones({T, S}, torch::kBool).triu(S - T + 1);
-  torch::Tensor scores_BKGTS = scores_BKRS.view({B, K, G, T, S}).to(torch::kFloat32).masked_fill(future_TS, -INFINITY);
-  torch::Tensor probs_BKRS = torch::softmax(scores_BKGTS, -1).to(x_BTD.scalar_type()).view({B, K, G * T, S});
-  torch::Tensor out_BKRE = torch::matmul(probs_BKRS, v_BKSE);
-  torch::Tensor out_BTHE = out_BKRE.view({B, H, T, E}).transpose(1, 2);
+  // Causal attention by blocks of query positions: the queries [t0, t0 + Q) sit at positions S - T + t0 ... and see
+  // the keys [0, S - T + t0 + Q), so the keys after a block are never multiplied (about half the products and scores
+  // of [T, S] at once) and a block's scores are small enough to stay in cache. The scale goes on the queries, not on
+  // the larger scores.
+  const torch::Tensor q_scaled_BHTE = q_BHTE * (1.0 / std::sqrt(double(E)));
+  std::vector<torch::Tensor> out_blocks_BQHE;
+  for (int64_t t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
+    const int64_t Q = std::min(kAttentionQueryBlock, T - t0), P = S - T + t0 + Q;
+    // Grouped-query attention without copying K/V per query head: query head h = k*G + g reads key/value head k, so
+    // the G query heads of a group are stacked along the row axis of one matmul against their shared K.
+    const torch::Tensor q_BKRE = q_scaled_BHTE.narrow(2, t0, Q).reshape({B, K, G * Q, E});  // R = G*Q rows: (g, q)
+    const torch::Tensor k_BKPE = k_BKSE.narrow(2, 0, P), v_BKPE = v_BKSE.narrow(2, 0, P);
+    const torch::Tensor scores_BKRP = torch::matmul(q_BKRE, k_BKPE.transpose(-1, -2));
+    // Query t0 + q sits at position S - T + t0 + q and sees the keys up to that position.
+    const torch::Tensor future_QP = torch::ones({Q, P}, torch::kBool).triu(S - T + t0 + 1);
+    const torch::Tensor scores_BKGQP =
+        scores_BKRP.view({B, K, G, Q, P}).to(torch::kFloat32).masked_fill(future_QP, -INFINITY);
+    const torch::Tensor probs_BKRP =
+        torch::softmax(scores_BKGQP, -1).to(x_BTD.scalar_type()).view({B, K, G * Q, P});
+    const torch::Tensor out_BKRE = torch::matmul(probs_BKRP, v_BKPE);
+    out_blocks_BQHE.push_back(out_BKRE.view({B, H, Q, E}).transpose(1, 2));
+  }
+  const torch::Tensor out_BTHE = out_blocks_BQHE.size() == 1 ? out_blocks_BQHE[0] : torch::cat(out_blocks_BQHE, 1);
   return o_proj->forward(out_BTHE.reshape({B, T, H * E}));
+}
+
+int64_t attention_scores_per_head(int64_t T) {
+  int64_t scores = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
+    const int64_t Q = std::min(kAttentionQueryBlock, T - t0);
+    scores += Q * (t0 + Q);
+  }
+  return scores;
 }
 
 std::shared_ptr<Linear>& LlamaAttention::linear_slot(const std::string& child) {

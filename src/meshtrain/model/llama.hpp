@@ -102,6 +102,12 @@ struct KvCache {
   int64_t capacity = 0;
 };
 
+// Query positions per block of causal attention (LlamaAttention::forward computes a block's scores against only
+// the keys it sees).
+constexpr int64_t kAttentionQueryBlock = 64;
+// The attention scores of one query head over a sequence of T positions in those blocks (T * T / 2 and a little more).
+int64_t attention_scores_per_head(int64_t T);
+
 class LlamaAttention : public torch::nn::Module, public LinearOwner {
  public:
   explicit LlamaAttention(const LlamaConfig& config);

@@ -5,6 +5,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
+#include "meshtrain/model/llama.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
 
 #include <fmt/format.h>
@@ -92,13 +93,15 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   }
   // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs, normalized
   // values and outputs, q/k before and after RoPE, v, the attention output before o_proj, the residual sums, the
-  // MLP's gate, up, silu and product; the attention scores and probabilities in fp32.
+  // MLP's gate, up, silu and product; the attention scores and probabilities in fp32 (of the keys each block of
+  // queries sees: model::attention_scores_per_head).
   // A Mixtral's token goes through k experts: their gate, up, silu and product per slot, the slot's input and output
   // rows (gathered, exchanged, weighted) and the fp32 router logits and probabilities.
   const int64_t k = m.is_moe() ? m.num_experts_per_tok : 1;
   const int64_t moe_rows = m.is_moe() ? c * 4 * k * D + 4 * 2 * m.num_local_experts : 0;
   const int64_t per_token_layer =
-      c * (8 * D + (5 * q_out + 7 * kv_out + 4 * k * F) / tp) + moe_rows + 4 * 2 * (H / tp) * T;
+      c * (8 * D + (5 * q_out + 7 * kv_out + 4 * k * F) / tp) + moe_rows +
+      4 * 2 * (H / tp) * ceil_div(model::attention_scores_per_head(T), T);
   const int64_t layer_activations = tokens * per_token_layer;
   const int every = settings.parallel.checkpoint_every;
   if (every == 0) {
