@@ -8,7 +8,8 @@
 // warms up and is not timed. meshtrain's side runs what its trainer runs on one device: the process memory set-up of
 // the `meshtrain` binary (runtime/block_cache_allocator.hpp), the fused head loss (no [B, T, V] logits) and its own
 // AdamW; the peer is what a PyTorch user writes (full logits, F.cross_entropy, torch.optim.AdamW). Prints tokens/s
-// of both, the ratio meshtrain / PyTorch, and MFU.
+// of both, the ratio meshtrain / PyTorch, and MFU. With several threads on fp32 the bench restarts itself with
+// libgomp's idle threads sleeping, as `meshtrain` does (runtime/compute_threads.hpp); the peer inherits the setting.
 //
 // --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
 // profiler adds its own cost per op) and writes a Chrome trace, DIR/meshtrain.json and DIR/pytorch.json;
@@ -16,6 +17,7 @@
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
+#include "meshtrain/runtime/compute_threads.hpp"
 #include "meshtrain/train/adamw.hpp"
 
 #include <CLI/CLI.hpp>
@@ -26,6 +28,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -46,8 +49,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps)->capture_default_str();
   app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
   CLI11_PARSE(app, argc, argv);
-  at::set_num_threads(threads);
   const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  if (dtype == torch::kFloat32) runtime::restart_with_passive_openmp_waits(threads);
+  at::set_num_threads(threads);
 
   model::LlamaConfig config = model::LlamaConfig::from_run_config(
       config::Config::load(config::default_config_dir(), {"model=" + model_name}));
@@ -104,9 +108,11 @@ int main(int argc, char** argv) {
       "  meshtrain (C++)       {:9.1f} tokens/s   loss {:.4f}   MFU {:5.1f}%\n"
       "  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%\n"
       "  ratio meshtrain / PyTorch: {:.2f}x\n"
-      "  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n",
+      "  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n"
+      "  OMP_WAIT_POLICY (both sides): {}\n",
       model_name, config.parameter_count() / 1e6, batch, seq, threads, dtype_name, steps, ours, loss,
       100 * ours * flops_per_token / (peak.gflops * 1e9), peer, 100 * peer * flops_per_token / (peak.gflops * 1e9),
-      ours / peer, dtype_name, peak.gflops, flops_per_token / 1e9);
+      ours / peer, dtype_name, peak.gflops, flops_per_token / 1e9,
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset (libgomp's default: idle threads spin)");
   return 0;
 }

@@ -7,6 +7,14 @@
 // queued for that one pool (1 host x 2 devices ran at the speed of 1 device; issue 15). Its size is set here to the
 // threads of one device, so a device's matmul runs on its own threads (in the calling thread itself at 1).
 // Found at run time (dlsym): a libblas.so.3 that is not OpenBLAS (Debian's alternatives) is left alone.
+//
+// The two pools also fight within one device of several threads: libgomp (the OpenMP runtime behind torch's pool)
+// keeps an idle worker spinning for a while after every parallel region, on a core OpenBLAS's workers want for the
+// next matmul. llama-10m on 1 device of 2 threads ran at 1235-1415 tokens/s, with libgomp's workers sleeping when
+// idle (OMP_WAIT_POLICY=PASSIVE) at 2335-2387, and on 1 thread at 2141-2199 (bench/model_step_bench, issue 15).
+// libgomp reads the policy once, when it is loaded, so a process that will run several intra-op threads on fp32 sets
+// it and restarts itself (restart_with_passive_openmp_waits). bf16 matmuls run in oneDNN on torch's own pool, where
+// the spinning saves wake-ups: llama-100m bf16 on 2 threads ran at 618-668 tokens/s spinning, 535-611 passive.
 #pragma once
 
 #include <string>
@@ -19,5 +27,20 @@ std::string set_blas_threads(int threads);
 
 // Sets the calling thread's torch intra-op thread count (each device thread, before it computes).
 void set_device_intra_op_threads(int threads);
+
+// The torch threads of each device: `threads_per_device`, or with 0 the host's cores split evenly between its
+// `devices_per_host` devices (at least 1).
+int resolve_threads_per_device(int threads_per_device, int devices_per_host);
+
+// For a process whose fp32 matmuls go to OpenBLAS while torch's pool runs the rest. With intra_op_threads >= 2 and
+// neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT in the environment: sets
+// OMP_WAIT_POLICY=PASSIVE and executes this process's executable again with the same arguments (same pid, open
+// descriptors kept), so returns only when nothing was to be done or the exec failed (logged). Call it before the
+// process starts threads or writes anything it would write again.
+void restart_with_passive_openmp_waits(int intra_op_threads);
+
+// What the log says about libgomp's idle threads: "OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=1000" or
+// "idle threads spin (libgomp's default)".
+std::string openmp_wait_setting();
 
 }  // namespace meshtrain::runtime

@@ -143,14 +143,12 @@ HostRuntime::HostRuntime(HostIdentity identity, const mesh::Mesh& mesh, RuntimeO
   MT_CHECK(mesh.hosts() == identity_.hosts && mesh.devices_per_host() == identity_.devices_per_host,
            "the mesh was built for {} hosts x {} devices, but this host is one of {} hosts with {} devices",
            mesh.hosts(), mesh.devices_per_host(), identity_.hosts, identity_.devices_per_host);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads_per_device_ =
-      options_.threads_per_device > 0 ? options_.threads_per_device : std::max(1, cores / identity_.devices_per_host);
+  threads_per_device_ = resolve_threads_per_device(options_.threads_per_device, identity_.devices_per_host);
 
-  log::info("Host {} of {} (from {}, pid {}), {} devices, {} torch threads per device ({}), coordinator {}:{}",
-            identity_.host, identity_.hosts, identity_.source, ::getpid(), identity_.devices_per_host,
-            threads_per_device_, set_blas_threads(threads_per_device_), identity_.master_addr,
-            identity_.master_port);
+  log::info("Host {} of {} (from {}, pid {}), {} devices, {} torch threads per device ({}; OpenMP: {}), coordinator "
+            "{}:{}", identity_.host, identity_.hosts, identity_.source, ::getpid(), identity_.devices_per_host,
+            threads_per_device_, set_blas_threads(threads_per_device_), openmp_wait_setting(),
+            identity_.master_addr, identity_.master_port);
   if (identity_.host == 0) server_ = connect_store(identity_, true, options_.rendezvous_timeout_s);
   store_ = connect_store(identity_, false, options_.rendezvous_timeout_s);
   if (identity_.host == 0) {
