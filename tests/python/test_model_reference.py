@@ -308,26 +308,32 @@ class ModelReferenceTest(unittest.TestCase):
                 _, worst = run_case(self, cfg, seed=100 + i)
                 print(f"{name}: worst |C++ - reference| over logits and grads = {worst:.3g}", file=sys.stderr)
 
+    def generate_greedy(self, cfg, params_seed, prompt_length, new_tokens):
+        """Writes a hand-made HF directory of `cfg`, runs `meshtrain generate` (KV cache, fp32) on a random prompt and
+        checks its tokens against the reference's greedy decode; returns what generate printed."""
+        params = make_params(cfg, params_seed)
+        prompt = torch.randint(0, cfg["vocab_size"], (prompt_length,),
+                               generator=torch.Generator().manual_seed(params_seed + 1))
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(cfg, f)
+            write_safetensors(os.path.join(tmp, "model.safetensors"), params)
+            proc = subprocess.run([BINARY, "generate", "--checkpoint", tmp, "--tokens",
+                                   " ".join(map(str, prompt.tolist())), "--max-new-tokens", str(new_tokens),
+                                   "--json", "--threads", "2"], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        printed = json.loads(proc.stdout)
+        self.assertEqual(len(printed["tokens"]), new_tokens)
+        check_greedy_tokens(self, cfg, {k: v.double() for k, v in params.items()}, prompt.tolist(),
+                            printed["tokens"])
+        return printed
+
     def test_generate_greedy_on_hugging_face_directories(self):
-        """`meshtrain generate` (KV cache, fp32) on hand-written HF directories: the reference's greedy tokens."""
+        """`meshtrain generate` on hand-written HF directories: the reference's greedy tokens."""
         for name in ("gqa_llama31_rope", "tied_mqa", "mixtral_top2_of_4"):
             with self.subTest(case=name):
-                cfg = CASES[name]
-                params = make_params(cfg, 21)
-                prompt = torch.randint(0, cfg["vocab_size"], (10,), generator=torch.Generator().manual_seed(22))
-                with tempfile.TemporaryDirectory() as tmp:
-                    with open(os.path.join(tmp, "config.json"), "w") as f:
-                        json.dump(cfg, f)
-                    write_safetensors(os.path.join(tmp, "model.safetensors"), params)
-                    proc = subprocess.run([BINARY, "generate", "--checkpoint", tmp, "--tokens",
-                                           " ".join(map(str, prompt.tolist())), "--max-new-tokens", "12", "--json",
-                                           "--threads", "2"], capture_output=True, text=True)
-                self.assertEqual(proc.returncode, 0, proc.stderr)
-                printed = json.loads(proc.stdout)
+                printed = self.generate_greedy(CASES[name], params_seed=21, prompt_length=10, new_tokens=12)
                 self.assertIsNone(printed["text"])  # no tokenizer.json in the directory
-                self.assertEqual(len(printed["tokens"]), 12)
-                check_greedy_tokens(self, cfg, {k: v.double() for k, v in params.items()}, prompt.tolist(),
-                                    printed["tokens"])
 
     def test_attention_in_several_query_blocks(self):
         """Causal attention runs in blocks of 64 query positions (model/llama.hpp kAttentionQueryBlock): 199 positions
@@ -336,18 +342,7 @@ class ModelReferenceTest(unittest.TestCase):
         cfg = CASES["gqa"]
         _, worst = run_case(self, cfg, seed=120, seq_len=200)
         print(f"gqa, 199 positions: worst |C++ - reference| over logits and grads = {worst:.3g}", file=sys.stderr)
-        params = make_params(cfg, 23)
-        prompt = torch.randint(0, cfg["vocab_size"], (150,), generator=torch.Generator().manual_seed(24))
-        with tempfile.TemporaryDirectory() as tmp:
-            with open(os.path.join(tmp, "config.json"), "w") as f:
-                json.dump(cfg, f)
-            write_safetensors(os.path.join(tmp, "model.safetensors"), params)
-            proc = subprocess.run([BINARY, "generate", "--checkpoint", tmp, "--tokens",
-                                   " ".join(map(str, prompt.tolist())), "--max-new-tokens", "6", "--json",
-                                   "--threads", "2"], capture_output=True, text=True)
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        check_greedy_tokens(self, cfg, {k: v.double() for k, v in params.items()}, prompt.tolist(),
-                            json.loads(proc.stdout)["tokens"])
+        self.generate_greedy(cfg, params_seed=23, prompt_length=150, new_tokens=6)
 
     def test_reference_detects_rope_convention_error(self):
         """The tolerance is meaningful: the interleaved (Meta) RoPE pairing gives logits far outside it."""
