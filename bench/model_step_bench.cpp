@@ -28,7 +28,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -50,7 +49,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
   CLI11_PARSE(app, argc, argv);
   const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  if (dtype == torch::kFloat32) runtime::restart_with_passive_openmp_waits(threads);
+  runtime::restart_with_passive_openmp_waits(threads, dtype);
   at::set_num_threads(threads);
 
   model::LlamaConfig config = model::LlamaConfig::from_run_config(
@@ -109,10 +108,10 @@ int main(int argc, char** argv) {
       "  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%\n"
       "  ratio meshtrain / PyTorch: {:.2f}x\n"
       "  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n"
-      "  OMP_WAIT_POLICY (both sides): {}\n",
+      "  OpenMP (both sides): {}\n",
       model_name, config.parameter_count() / 1e6, batch, seq, threads, dtype_name, steps, ours, loss,
       100 * ours * flops_per_token / (peak.gflops * 1e9), peer, 100 * peer * flops_per_token / (peak.gflops * 1e9),
       ours / peer, dtype_name, peak.gflops, flops_per_token / 1e9,
-      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "unset (libgomp's default: idle threads spin)");
+      runtime::openmp_wait_setting());
   return 0;
 }

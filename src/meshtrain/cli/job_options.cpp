@@ -5,6 +5,7 @@
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
 #include "meshtrain/runtime/compute_threads.hpp"
+#include "meshtrain/train/train_settings.hpp"
 
 #include <filesystem>
 
@@ -33,9 +34,9 @@ Job load_job(const JobOptions& options) {
     log::set_level(log::parse_level(config.get_string("log_level")));
     mesh::Mesh mesh = mesh::mesh_from_config(config, identity.hosts, identity.devices_per_host);
     const runtime::RuntimeOptions runtime_options = runtime::RuntimeOptions::from_config(config);
-    if (config.get_string("compute_dtype") == "float32")
-      runtime::restart_with_passive_openmp_waits(
-          runtime::resolve_threads_per_device(runtime_options.threads_per_device, identity.devices_per_host));
+    runtime::restart_with_passive_openmp_waits(
+        runtime::resolve_threads_per_device(runtime_options.threads_per_device, identity.devices_per_host),
+        train::compute_dtype_of(config));
     log_and_save_config(config, identity.host);
     return Job{std::move(config), identity, std::move(mesh), runtime_options};
   } catch (const std::exception& e) {

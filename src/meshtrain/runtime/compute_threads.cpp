@@ -41,8 +41,10 @@ int resolve_threads_per_device(int threads_per_device, int devices_per_host) {
   return std::max(1, cores / std::max(1, devices_per_host));
 }
 
-void restart_with_passive_openmp_waits(int intra_op_threads) {
-  if (intra_op_threads < 2 || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType compute_dtype) {
+  if (compute_dtype != c10::kFloat || intra_op_threads < 2 || std::getenv("OMP_WAIT_POLICY") ||
+      std::getenv("GOMP_SPINCOUNT"))
+    return;
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
   const std::string joined{std::istreambuf_iterator<char>(cmdline), std::istreambuf_iterator<char>()};
   std::vector<std::string> args;  // NUL-terminated arguments

@@ -17,6 +17,8 @@
 // the spinning saves wake-ups: llama-100m bf16 on 2 threads ran at 618-668 tokens/s spinning, 535-611 passive.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <string>
 
 namespace meshtrain::runtime {
@@ -32,12 +34,12 @@ void set_device_intra_op_threads(int threads);
 // `devices_per_host` devices (at least 1).
 int resolve_threads_per_device(int threads_per_device, int devices_per_host);
 
-// For a process whose fp32 matmuls go to OpenBLAS while torch's pool runs the rest. With intra_op_threads >= 2 and
-// neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT in the environment: sets
-// OMP_WAIT_POLICY=PASSIVE and executes this process's executable again with the same arguments (same pid, open
-// descriptors kept), so returns only when nothing was to be done or the exec failed (logged). Call it before the
+// For fp32 compute (its matmuls go to OpenBLAS while torch's pool runs the rest) with intra_op_threads >= 2 and
+// neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT in the environment: sets OMP_WAIT_POLICY=PASSIVE and executes this
+// process's executable again with the same arguments (same pid, open descriptors kept), so returns only when nothing
+// was to be done (any other dtype, 1 thread, the user's own setting) or the exec failed (logged). Call it before the
 // process starts threads or writes anything it would write again.
-void restart_with_passive_openmp_waits(int intra_op_threads);
+void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType compute_dtype);
 
 // What the log says about libgomp's idle threads: "OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=1000" or
 // "idle threads spin (libgomp's default)".

@@ -7,7 +7,6 @@
 #include <algorithm>
 
 namespace meshtrain::train {
-namespace {
 
 torch::Dtype compute_dtype_of(const config::Config& config) {
   const std::string name = config.get_string("compute_dtype");
@@ -15,8 +14,6 @@ torch::Dtype compute_dtype_of(const config::Config& config) {
   if (name == "bfloat16") return torch::kBFloat16;
   throw UserError(fmt::format("compute_dtype={}: expected float32 or bfloat16", name));
 }
-
-}  // namespace
 
 FaultInjection FaultInjection::from_config(const config::Config& config) {
   static const std::pair<const char*, Kind> kinds[] = {{"none", Kind::none},

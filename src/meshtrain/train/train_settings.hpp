@@ -15,6 +15,9 @@
 
 namespace meshtrain::train {
 
+// compute_dtype: float32 or bfloat16 (UserError naming the key and both values otherwise).
+torch::Dtype compute_dtype_of(const config::Config& config);
+
 // debug.fault / fault_step / fault_device: a failure the failure tests inject on one device at one step.
 struct FaultInjection {
   enum class Kind { none, throw_error, hang, kill, kill_in_save };
