@@ -10,7 +10,7 @@
 //
 // The two pools also fight within one device of several threads: libgomp (the OpenMP runtime behind torch's pool)
 // keeps an idle worker spinning for a while after every parallel region, on a core OpenBLAS's workers want for the
-// next matmul. llama-10m on 1 device of 2 threads ran at 1235-1415 tokens/s, with libgomp's workers sleeping when
+// next matmul. llama-10m on 1 device of 2 threads ran at 1235-1468 tokens/s, with libgomp's workers sleeping when
 // idle (OMP_WAIT_POLICY=PASSIVE) at 2335-2387, and on 1 thread at 2141-2199 (bench/model_step_bench, issue 15).
 // libgomp reads the policy once, when it is loaded, so a process that will run several intra-op threads on fp32 sets
 // it and restarts itself (restart_with_passive_openmp_waits). bf16 matmuls run in oneDNN on torch's own pool, where
