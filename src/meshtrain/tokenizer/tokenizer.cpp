@@ -6,8 +6,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <list>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -115,6 +120,88 @@ class PieceCache {
 };
 
 std::atomic<uint64_t> tokenizers_built{0};
+
+// Threads that help encode_parallel() calls, kept for the life of the process: each keeps its piece cache warm from
+// one call to the next, where a thread started per call began with an empty one (2 MiB to fill again, on half of
+// the text at 2 threads). Calls from several threads at once share the helpers; a call's own thread always works on
+// it too, so a call finishes even when every helper is busy elsewhere.
+class EncodeHelpers {
+ public:
+  static EncodeHelpers& instance() {
+    static EncodeHelpers* helpers = new EncodeHelpers;  // never destroyed: idle helpers wait until the process ends
+    return *helpers;
+  }
+
+  // Runs work(i) for every i in [0, count), on the calling thread and on up to `helpers` helper threads; returns
+  // when every call has returned, and rethrows the first exception one of them threw.
+  void run(size_t count, int helpers, const std::function<void(size_t)>& work) {
+    Job job(&work, count, helpers);
+    std::list<Job*>::iterator queued;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (int(threads_.size()) < helpers) threads_.emplace_back([this] { help(); });
+      queued = jobs_.insert(jobs_.end(), &job);
+    }
+    job_queued_.notify_all();
+    drain(job);
+    std::unique_lock<std::mutex> lock(mutex_);
+    jobs_.erase(queued);
+    helper_left_.wait(lock, [&] { return job.helping == 0; });
+    if (job.failure) std::rethrow_exception(job.failure);
+  }
+
+ private:
+  struct Job {
+    Job(const std::function<void(size_t)>* work, size_t count, int helpers_wanted)
+        : work(work), count(count), helpers_wanted(helpers_wanted) {}
+    const std::function<void(size_t)>* work;
+    size_t count;
+    int helpers_wanted;
+    std::atomic<size_t> next{0};  // the next item to claim
+    int helping = 0;              // helpers working on it (under mutex_)
+    std::exception_ptr failure;   // the first exception (under mutex_)
+    bool open() const { return next.load(std::memory_order_relaxed) < count; }
+  };
+
+  // Claims and runs items of `job` until none is left; after a failure the rest are claimed and skipped.
+  void drain(Job& job) {
+    for (size_t i; (i = job.next.fetch_add(1)) < job.count;) {
+      try {
+        (*job.work)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!job.failure) job.failure = std::current_exception();
+        job.next.store(job.count);
+      }
+    }
+  }
+
+  void help() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      Job* job = nullptr;
+      job_queued_.wait(lock, [&] {
+        for (Job* queued : jobs_) {
+          if (queued->helping < queued->helpers_wanted && queued->open()) {
+            job = queued;
+            return true;
+          }
+        }
+        return false;
+      });
+      ++job->helping;
+      lock.unlock();
+      drain(*job);
+      lock.lock();
+      if (--job->helping == 0) helper_left_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable job_queued_, helper_left_;
+  std::list<Job*> jobs_;  // calls in progress, oldest first
+  std::vector<std::thread> threads_;
+};
 
 }  // namespace
 
@@ -416,21 +503,14 @@ std::vector<uint32_t> Tokenizer::encode_parallel(std::string_view text, int thre
   cuts.push_back(text.size());
   size_t chunks = cuts.size() - 1;
   std::vector<std::vector<uint32_t>> results(chunks);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < chunks;) {
-      // Into a vector of this thread's own: results[i] sits next to the other threads' vectors, and appending
-      // through it would write their shared cache line on every token (2 threads ran 1.2x one, not 2x).
-      std::vector<uint32_t> ids;
-      ids.reserve((cuts[i + 1] - cuts[i]) / 3);
-      encode_ordinary(text.substr(cuts[i], cuts[i + 1] - cuts[i]), ids);
-      results[i] = std::move(ids);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min<int>(threads, int(chunks)); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  EncodeHelpers::instance().run(chunks, std::min<int>(threads, int(chunks)) - 1, [&](size_t i) {
+    // Into a vector of this thread's own: results[i] sits next to the other threads' vectors, and appending
+    // through it would write their shared cache line on every token (2 threads ran 1.2x one, not 2x).
+    std::vector<uint32_t> ids;
+    ids.reserve((cuts[i + 1] - cuts[i]) / 3);
+    encode_ordinary(text.substr(cuts[i], cuts[i + 1] - cuts[i]), ids);
+    results[i] = std::move(ids);
+  });
   size_t total = 0;
   for (const auto& r : results) total += r.size();
   std::vector<uint32_t> out;

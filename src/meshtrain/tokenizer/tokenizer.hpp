@@ -75,7 +75,8 @@ class Tokenizer {
   std::vector<uint32_t> encode(std::string_view text, SpecialTokens specials = SpecialTokens::as_text) const;
   // Same tokens as encode(text) (special tokens as text), computed on `threads` threads for large texts: the text
   // is cut where the pre-tokenizer is known to end a piece (see find_safe_split); serial if the spec is not
-  // `splittable`.
+  // `splittable`. The calling thread works on it with threads - 1 helper threads that live for the whole process
+  // (each keeps its piece cache warm for the next call) and are shared by calls made at the same time.
   std::vector<uint32_t> encode_parallel(std::string_view text, int threads) const;
 
   // The bytes of `ids` concatenated. UserError for an id outside the vocabulary.
