@@ -146,11 +146,11 @@ void tokenize_batch(const tokenizer::Tokenizer& tokenizer, const std::string& te
 
 // Tokenizes the reader's batches on `threads` workers that live for the whole run, and hands them out in input
 // order. Each worker keeps its thread's piece cache (see tokenizer.cpp) warm from one batch to the next; a thread
-// started per round of batches began with an empty one every time. A worker reads the next batch under the lock
-// (the reader is sequential), tokenizes it outside the lock, and files it by its number; next() waits for the
-// batch whose turn it is, so the caller writes batch n while the workers tokenize the batches after it. At most
-// 2 batches per worker are read and not yet handed out. A failure (reading or tokenizing) stops the workers and is
-// rethrown by next().
+// started per round of batches began with an empty one every time. One worker at a time reads the next batch (the
+// reader is sequential; the read runs outside the lock, so the others file their batches meanwhile), tokenizes it
+// and files it by its number; next() waits for the batch whose turn it is, so the caller writes batch n while the
+// workers tokenize the batches after it. At most 2 batches per worker are read and not yet handed out. A failure
+// (reading or tokenizing) stops the workers and is rethrown by next().
 class TokenizingPool {
  public:
   // `tokenize(batch, threads)`: `threads` is how many cores are not tokenizing another batch (at least 1), for a
@@ -190,13 +190,23 @@ class TokenizingPool {
   void work() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
-      changed_.wait(lock, [&] { return stopping_ || failure_ || reader_done_ || next_in_ < next_out_ + window_; });
+      changed_.wait(lock, [&] {
+        return stopping_ || failure_ || reader_done_ || (!reading_ && next_in_ < next_out_ + window_);
+      });
       if (stopping_ || failure_ || reader_done_) return;
+      reading_ = true;
+      lock.unlock();
       std::optional<Batch> batch;
+      std::exception_ptr read_failure;
       try {
         batch = reader_.next();
       } catch (...) {
-        fail(std::current_exception());
+        read_failure = std::current_exception();
+      }
+      lock.lock();
+      reading_ = false;
+      if (read_failure) {
+        fail(read_failure);
         return;
       }
       if (!batch) {
@@ -208,6 +218,7 @@ class TokenizingPool {
       const int idle_cores = threads_ - busy_;
       ++busy_;
       lock.unlock();
+      changed_.notify_all();  // another worker may read the next batch
       std::exception_ptr failure;
       try {
         tokenize_(*batch, std::max(1, idle_cores));
@@ -236,6 +247,7 @@ class TokenizingPool {
   std::mutex mutex_;
   std::condition_variable changed_;
   bool stopping_ = false, reader_done_ = false;
+  bool reading_ = false;  // a worker is reading the next batch (outside the lock)
   std::exception_ptr failure_;
   uint64_t next_in_ = 0, next_out_ = 0;  // the numbers of the next batch to read and to hand out
   int busy_ = 0;                         // workers tokenizing a batch
