@@ -10,6 +10,7 @@ packages=(
   libopenblas0-pthread                # fp32 matmuls: the default reference BLAS is ~20x slower
   libyaml-cpp-dev libcli11-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev
+  libssl-dev                          # libcrypto: HMAC-SHA256 for the control plane's job secret
   libprotobuf-dev protobuf-compiler   # TensorBoard event files (src/meshtrain/tensorboard/event.proto)
   python3-torch python3-numpy         # independent reference implementations and Python peers in tests/bench
   iproute2                            # `ip netns`: two hosts on a veth link in tests/python/slow_test_netns.py

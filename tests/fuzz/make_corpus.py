@@ -235,6 +235,24 @@ def checkpoint_files():
           json.dumps(dict(state, step=18446744073709551615, seed=-1, tokens_seen=1e300)))
 
 
+# ---- the control plane's messages (src/meshtrain/control/protocol.hpp) ----
+def control_protocol():
+    def field(b):
+        return struct.pack("<I", len(b)) + b
+
+    write("control_protocol", "set.bin", b"\x01" + field(b"meshtrain/joined/0") + field(b"1"))
+    write("control_protocol", "get.bin", b"\x02" + struct.pack("<Q", 5000) + field(b"meshtrain/verdict"))
+    write("control_protocol", "add.bin", b"\x03" + field(b"meshtrain/heartbeat/1") + struct.pack("<q", -1))
+    write("control_protocol", "compare_set.bin", b"\x04" + field(b"meshtrain/abort") + field(b"") + field(b"1\nwhy"))
+    write("control_protocol", "delete.bin", b"\x05" + field(b"k"))
+    write("control_protocol", "check.bin", b"\x06" + struct.pack("<I", 2) + field(b"a") + field(b"b"))
+    write("control_protocol", "num_keys.bin", b"\x07")
+    write("control_protocol", "wait.bin", b"\x08" + struct.pack("<Q", 0) + struct.pack("<I", 1) + field(b"group/x"))
+    write("control_protocol", "reply_value.bin", b"\x00" + field(b"value"))
+    write("control_protocol", "huge_key_count.bin", b"\x06" + struct.pack("<I", 0xFFFFFFFF))
+    write("control_protocol", "huge_length.bin", b"\x01" + struct.pack("<I", 0xFFFFFFF0) + b"k")
+
+
 if __name__ == "__main__":
     shutil.rmtree(CORPUS, ignore_errors=True)
     token_shards()
@@ -243,6 +261,7 @@ if __name__ == "__main__":
     configs()
     safetensors()
     checkpoint_files()
+    control_protocol()
     for reader in sorted(os.listdir(CORPUS)):
         sizes = [os.path.getsize(os.path.join(CORPUS, reader, f)) for f in os.listdir(os.path.join(CORPUS, reader))]
         print(f"{reader}: {len(sizes)} seeds, largest {max(sizes)} bytes")

@@ -1,13 +1,17 @@
 """host_processes.py — the hosts of one job as separate processes, one per node as on a real cluster, timed.
 
-`start_job(...)` starts `meshtrain train --nnodes H --node-rank h ...` once per host (optionally under a command
-prefix per host, such as `ip netns exec <ns>`), each in its own session; every output line and each exit is
+`start_job(...)` starts `meshtrain train --nnodes H --node-rank h --secret-file F ...` once per host (optionally under
+a command prefix per host, such as `ip netns exec <ns>`), each in its own session, all given one fresh job secret as a
+multi-node job is; every output line and each exit is
 recorded with the time it happened, so a failure test can assert *when* each host ended, and with what.
 """
+import atexit
 import os
+import secrets
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -65,16 +69,27 @@ class HostProcess:
         self.process.stdout.close()
 
 
+def make_secret_file():
+    """A fresh job secret in a file of mode 0600, as a user makes one for a multi-node job."""
+    fd, path = tempfile.mkstemp(prefix="meshtrain-job-", suffix=".secret")
+    os.write(fd, secrets.token_hex(32).encode())
+    os.close(fd)  # mkstemp creates it with mode 0600
+    atexit.register(os.remove, path)
+    return path
+
+
 def start_job(output_dirs, devices_per_host, overrides, per_host_overrides=None, prefixes=None,
               master_addr="127.0.0.1", master_port=None, base=BASE):
     """Starts every host of a `train` job; output_dirs[h] is host h's output_dir (usually all the same)."""
     hosts = len(output_dirs)
     port = master_port or free_port()
+    secret_file = make_secret_file()
     env = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "MESHTRAIN_IFACE")}
     processes = []
     for h in range(hosts):
         cmd = [*(prefixes[h] if prefixes else []), BINARY, "train", "--nnodes", str(hosts), "--node-rank", str(h),
-               "--master-addr", master_addr, "--master-port", str(port), "--devices-per-host", str(devices_per_host),
+               "--master-addr", master_addr, "--master-port", str(port), "--secret-file", secret_file,
+               "--devices-per-host", str(devices_per_host),
                *base, f"output_dir={output_dirs[h]}", *overrides, *((per_host_overrides or {}).get(h, []))]
         processes.append(HostProcess(h, cmd, env))
     return processes

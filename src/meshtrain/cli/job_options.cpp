@@ -21,12 +21,19 @@ void add_job_options(CLI::App& app, JobOptions& options) {
   app.add_option("--iface", options.host_flags.iface,
                  "network interface the collectives bind to; default $MESHTRAIN_IFACE, $GLOO_SOCKET_IFNAME, else the "
                  "one that routes to the master address");
+  app.add_option("--secret-file", options.host_flags.secret_file,
+                 "the job secret (a file of mode 0600, the same on every host) that admits hosts to the job's control "
+                 "plane; default $MESHTRAIN_JOB_SECRET, $MESHTRAIN_SECRET_FILE");
   app.add_option("--config-dir", options.config_dir, "folder with defaults.yaml and config groups");
   app.add_option("overrides", options.overrides, "config overrides: key=value, group=name (e.g. ici_mesh.fsdp=4)");
 }
 
 Job load_job(const JobOptions& options) {
   runtime::HostIdentity identity = runtime::resolve_host_identity(options.host_flags);
+  runtime::attach_job_secret(identity, options.host_flags);
+  if (identity.job_secret.empty())
+    log::warning("no job secret ({}): any process on this machine can reach the job's control plane; "
+                 "`meshtrain run --hosts N` makes one", identity.job_secret_source);
   try {
     std::filesystem::path dir =
         options.config_dir.empty() ? config::default_config_dir() : std::filesystem::path(options.config_dir);

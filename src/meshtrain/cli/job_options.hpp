@@ -20,8 +20,8 @@ struct JobOptions {
   std::string config_dir;              // empty: config::default_config_dir()
 };
 
-// Adds --devices-per-host, --nnodes, --node-rank, --master-addr, --master-port, --iface, --config-dir and the
-// overrides.
+// Adds --devices-per-host, --nnodes, --node-rank, --master-addr, --master-port, --iface, --secret-file, --config-dir
+// and the overrides.
 void add_job_options(CLI::App& app, JobOptions& options);
 
 struct Job {

@@ -26,6 +26,9 @@ int run_command(int argc, char** argv) {
   app.add_option("--iface", flags.iface,
                  "network interface the hosts' collectives bind to (default: $GLOO_SOCKET_IFNAME, else the one "
                  "that routes to --master-addr)");
+  app.add_option("--secret-file", flags.secret_file,
+                 "a multi-node job's secret (mode 0600), the same file on every node; default $MESHTRAIN_JOB_SECRET. "
+                 "--hosts makes a fresh one");
   app.add_option("--kill-grace", kill_grace_s, "seconds the other hosts get to end after the first failure")->capture_default_str();
   app.add_option("verb", verb_args, "the verb and its arguments, after --")->required();
   try {
@@ -48,7 +51,9 @@ int run_command(int argc, char** argv) {
     launch.verb_args = verb_args;
     return runtime::launch_local(launch);
   }
-  runtime::exec_as_host(runtime::resolve_host_identity(flags), executable, verb_args);
+  runtime::HostIdentity identity = runtime::resolve_host_identity(flags);
+  runtime::attach_job_secret(identity, flags);
+  runtime::exec_as_host(identity, executable, verb_args);
 }
 
 }  // namespace meshtrain::cli

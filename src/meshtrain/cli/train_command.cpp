@@ -2,6 +2,7 @@
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/cli/job_options.hpp"
 #include "meshtrain/runtime/host_runtime.hpp"
+#include "meshtrain/runtime/preemption.hpp"
 #include "meshtrain/train/trainer.hpp"
 
 namespace meshtrain::cli {
@@ -16,6 +17,7 @@ int train_command(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  runtime::install_preemption_handlers();
   Job job = load_job(options);
   log_mesh(job.mesh);
   runtime::HostRuntime runtime(job.identity, job.mesh, job.runtime_options);

@@ -2,6 +2,7 @@
 #include "meshtrain/runtime/host_identity.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/control/secret.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -99,6 +100,17 @@ HostIdentity resolve_host_identity(const HostFlags& flags, const EnvLookup& env)
   MT_USER_CHECK(id.master_port > 0 && id.master_port < 65536, "master port {} is not a TCP port (1-65535)",
                 id.master_port);
   return id;
+}
+
+bool is_loopback_name(const std::string& address) {
+  return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0;
+}
+
+void attach_job_secret(HostIdentity& identity, const HostFlags& flags, const EnvLookup& env) {
+  control::JobSecret secret = control::resolve_job_secret(
+      control::SecretSources{flags.secret_file, env}, identity.hosts, is_loopback_name(identity.master_addr));
+  identity.job_secret = std::move(secret.value);
+  identity.job_secret_source = std::move(secret.source);
 }
 
 int find_free_port() {

@@ -23,17 +23,28 @@ struct HostIdentity {
   int master_port = 29500;
   std::string source = "default";  // which flags/environment supplied host and hosts, for the log
   std::string iface;  // --iface or MESHTRAIN_IFACE: the interface Gloo binds to; empty: chosen as network.hpp says
+  // What admits a connection to the job's control plane (control/secret.hpp); never logged. attach_job_secret sets it.
+  std::string job_secret;
+  std::string job_secret_source;  // where it came from, for the log
 };
 
 struct HostFlags {
   std::optional<int> nnodes, node_rank, devices_per_host, master_port;
-  std::optional<std::string> master_addr, iface;
+  std::optional<std::string> master_addr, iface, secret_file;
 };
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 EnvLookup process_environment();
 
 HostIdentity resolve_host_identity(const HostFlags& flags, const EnvLookup& env = process_environment());
+
+// Sets identity.job_secret from --secret-file (flags.secret_file), MESHTRAIN_JOB_SECRET or MESHTRAIN_SECRET_FILE
+// (control::resolve_job_secret). A job of several hosts whose master address is not loopback (127.x, ::1,
+// localhost) and has none is refused with a UserError that says how to make one.
+void attach_job_secret(HostIdentity& identity, const HostFlags& flags, const EnvLookup& env = process_environment());
+
+// True for the names of this machine's loopback: 127.x.y.z, ::1, localhost.
+bool is_loopback_name(const std::string& address);
 
 // The first host name of a Slurm node list: "node[01-04,07],gpu2" -> "node01".
 std::string first_slurm_node(const std::string& nodelist);

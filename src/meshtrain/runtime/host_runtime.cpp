@@ -125,9 +125,9 @@ RuntimeOptions RuntimeOptions::from_config(const config::Config& config) {
 void publish_startup_failure(const HostIdentity& identity, const std::string& reason, int exit_code) {
   const RuntimeOptions defaults;
   try {
-    c10::intrusive_ptr<c10d::Store> server;
-    if (identity.host == 0) server = connect_store(identity, true, defaults.rendezvous_timeout_s);
-    auto store = connect_store(identity, false, 10);
+    std::unique_ptr<control::ControlPlaneServer> server;
+    if (identity.host == 0) server = serve_control_plane(identity);
+    auto store = connect_store(identity, 10);
     publish_abort(*store, AbortRecord{exit_code, fmt::format("host {} failed at start-up: {}", identity.host, reason)});
     if (identity.host != 0) return;
     // Serve until every other host has read it (they poll while they wait for the rendezvous), for a bounded time.
@@ -149,8 +149,12 @@ HostRuntime::HostRuntime(HostIdentity identity, const mesh::Mesh& mesh, RuntimeO
             "{}:{}", identity_.host, identity_.hosts, identity_.source, ::getpid(), identity_.devices_per_host,
             threads_per_device_, set_blas_threads(threads_per_device_), openmp_wait_setting(),
             identity_.master_addr, identity_.master_port);
-  if (identity_.host == 0) server_ = connect_store(identity_, true, options_.rendezvous_timeout_s);
-  store_ = connect_store(identity_, false, options_.rendezvous_timeout_s);
+  if (identity_.host == 0) {
+    server_ = serve_control_plane(identity_);
+    log::info("Control plane: served at {}:{} (bound to that address only); it admits connections that prove the "
+              "job secret (from {})", identity_.master_addr, server_->port(), identity_.job_secret_source);
+  }
+  store_ = connect_store(identity_, options_.rendezvous_timeout_s);
   if (identity_.host == 0) {
     std::random_device random;
     store_->set(kJobIdKey, to_bytes(fmt::format("{:08x}{:08x}", random(), random())));
@@ -262,8 +266,12 @@ void HostRuntime::abort_job(const std::string& reason, int exit_code) {
   AbortRecord standing{exit_code, reason};
   try {
     standing = watchdog_ ? watchdog_->publish_abort(standing) : publish_abort(*store_, standing);
-  } catch (const std::exception&) {
-    // The coordinator is gone; the other hosts notice that themselves.
+  } catch (const std::exception& e) {
+    // The coordinator is gone: that is the job's first failure, whatever error reached this host first (a device's
+    // collective or store call can fail before the watchdog's next heartbeat notices). The others notice it too.
+    if (identity_.host != 0)
+      end_without_coordinator(
+          fmt::format("{}; this host then failed too: {}", coordinator_lost_reason(identity_, e.what()), reason));
   }
   if (standing.reason != reason) {
     log::error("host {}: the job was aborted: {}", identity_.host, standing.reason);
@@ -315,8 +323,9 @@ void HostRuntime::run_on_devices(const std::function<void(DeviceContext&)>& fn) 
       std::unique_ptr<DeviceContext> context;
       try {
         set_device_intra_op_threads(threads_per_device_);
-        // Each device thread has its own store client: a TCPStore client shared between threads is not safe.
-        auto store = connect_store(identity_, false, options_.rendezvous_timeout_s);
+        // Each device thread has its own store connection, so that a Gloo rendezvous waiting on one does not hold
+        // up the others.
+        auto store = connect_store(identity_, options_.rendezvous_timeout_s);
         auto gloo_device = make_gloo_device(identity_);
         auto counters = std::make_shared<CollectiveCounters>();
         context = std::make_unique<DeviceContext>(

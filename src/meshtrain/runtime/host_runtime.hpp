@@ -1,7 +1,8 @@
 // host_runtime.hpp — one host process of a job: rendezvous, the start-up agreement, one worker thread per local
 // device, and the failure model.
 //
-// Host 0 serves the job's c10d TCPStore; every host and every device thread connects to it with a client of its own.
+// Host 0 serves the job's control plane (control/server.hpp); every host and every device thread connects to it with a
+// connection of its own, admitted by the job secret.
 // The watchdog (watchdog.hpp) starts before the rendezvous. Before any collective exists the hosts agree on the job
 // (agree_on_job: config, build, dataset, resume point, shared storage). Each local device then runs the same function
 // on its own thread with a DeviceContext (rank = global device id); its groups are Gloo process groups over the store.
@@ -102,7 +103,7 @@ class HostRuntime {
   const mesh::Mesh& mesh_;
   RuntimeOptions options_;
   int threads_per_device_ = 1;
-  c10::intrusive_ptr<c10d::Store> server_;  // host 0 only: the TCPStore that serves the job
+  std::unique_ptr<control::ControlPlaneServer> server_;  // host 0 only: the job's control plane
   c10::intrusive_ptr<c10d::Store> store_;   // the main thread's client (rendezvous, agreement)
   std::unique_ptr<Watchdog> watchdog_;
   std::atomic<bool> ending_{false};  // the first thread to end the process prints its reason; others wait for exit

@@ -1,10 +1,11 @@
-// job_store.cpp — store keys, the abort record's encoding, and connecting to the coordinator.
+// job_store.cpp — store keys, the abort record's encoding, the c10d::Store over the control plane, and connecting.
 #include "meshtrain/runtime/job_store.hpp"
 
 #include "meshtrain/common/error.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <thread>
 
 namespace meshtrain::runtime {
@@ -25,18 +26,58 @@ std::chrono::milliseconds to_ms(double seconds) {
 std::string to_string(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 std::vector<uint8_t> to_bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
-c10::intrusive_ptr<c10d::TCPStore> connect_store(const HostIdentity& identity, bool serve, double timeout_s) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(identity.master_port);
-  options.isServer = serve;
-  options.waitWorkers = false;
-  options.timeout = to_ms(timeout_s);
+JobStore::JobStore(control::ClientOptions options, std::chrono::milliseconds timeout)
+    : c10d::Store(timeout), client_(std::move(options)) {}
+
+void JobStore::set(const std::string& key, const std::vector<uint8_t>& value) { client_.set(key, to_string(value)); }
+
+std::vector<uint8_t> JobStore::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                          const std::vector<uint8_t>& desired) {
+  return to_bytes(client_.compare_set(key, to_string(expected), to_string(desired)));
+}
+
+std::vector<uint8_t> JobStore::get(const std::string& key) {
+  std::optional<std::string> value = client_.get(key, timeout_);
+  TORCH_CHECK(value.has_value(), "job store: key '", key, "' did not appear within ", timeout_.count(), " ms");
+  return to_bytes(*value);
+}
+
+int64_t JobStore::add(const std::string& key, int64_t value) { return client_.add(key, value); }
+bool JobStore::deleteKey(const std::string& key) { return client_.remove(key); }
+bool JobStore::check(const std::vector<std::string>& keys) { return client_.check(keys); }
+int64_t JobStore::getNumKeys() { return client_.key_count(); }
+void JobStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+
+void JobStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  TORCH_CHECK(client_.wait(keys, timeout), "job store: ", keys.size(), " key(s) did not all appear within ",
+              timeout.count(), " ms");
+}
+
+std::unique_ptr<control::ControlPlaneServer> serve_control_plane(const HostIdentity& identity) {
+  control::ServerOptions options;
+  options.address = identity.master_addr;
+  options.port = identity.master_port;
+  options.secret = identity.job_secret;
+  return std::make_unique<control::ControlPlaneServer>(options);
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const HostIdentity& identity, double timeout_s) {
+  control::ClientOptions options;
+  options.address = identity.master_addr;
+  options.port = identity.master_port;
+  options.secret = identity.job_secret;
+  options.connect_timeout_s = timeout_s;
+  options.reply_timeout_s = std::max(timeout_s, 10.0);
   try {
-    return c10::make_intrusive<c10d::TCPStore>(identity.master_addr, options);
+    return c10::make_intrusive<JobStore>(options, to_ms(timeout_s));
   } catch (const std::exception& e) {
-    throw UserError(fmt::format("host {}: cannot {} the job's coordinator at {}:{}: {}", identity.host,
-                                serve ? "serve" : "reach", identity.master_addr, identity.master_port, e.what()));
+    throw UserError(fmt::format("host {}: {}", identity.host, e.what()));
   }
+}
+
+std::string coordinator_lost_reason(const HostIdentity& identity, const std::string& detail) {
+  return fmt::format("host {} lost contact with the job's coordinator (host 0 at {}:{}), which has probably died: {}",
+                     identity.host, identity.master_addr, identity.master_port, detail);
 }
 
 namespace {

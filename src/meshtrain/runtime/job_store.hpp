@@ -1,4 +1,5 @@
-// job_store.hpp — the job's control records in the coordinator's c10d TCPStore (served by host 0), and connecting.
+// job_store.hpp — the job's control records in the coordinator's store (control/server.hpp, served by host 0), the
+// c10d::Store that reaches it (so Gloo's rendezvous uses it too), and connecting.
 //
 //   meshtrain/joined/<h>       host h reached the rendezvous
 //   meshtrain/heartbeat/<h>    a counter host h's watchdog increments every runtime.heartbeat_interval_s
@@ -10,12 +11,15 @@
 // Gloo groups keep their own keys under "group/<key>/".
 #pragma once
 
+#include "meshtrain/control/client.hpp"
+#include "meshtrain/control/server.hpp"
 #include "meshtrain/runtime/host_identity.hpp"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,9 +45,38 @@ std::chrono::milliseconds to_ms(double seconds);
 std::string to_string(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> to_bytes(const std::string& text);
 
-// Connects to the job's coordinator at identity.master_addr:master_port (serving it when `serve`), retrying until
-// `timeout_s`. UserError naming the address if it cannot.
-c10::intrusive_ptr<c10d::TCPStore> connect_store(const HostIdentity& identity, bool serve, double timeout_s);
+// A c10d::Store over one control-plane connection (safe to share between threads; c10d's TCPStore client is not).
+// `get` and `wait` wait for their keys up to the store's timeout, as c10d's stores do; a timeout is a c10::Error.
+class JobStore final : public c10d::Store {
+ public:
+  JobStore(control::ClientOptions options, std::chrono::milliseconds timeout);
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override;
+  std::vector<uint8_t> get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t value) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t getNumKeys() override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+ private:
+  control::ControlPlaneClient client_;
+};
+
+// Host 0: serves the job's control plane at identity.master_addr:master_port, bound to that address only, admitting
+// connections that prove identity.job_secret. UserError naming the address if it cannot.
+std::unique_ptr<control::ControlPlaneServer> serve_control_plane(const HostIdentity& identity);
+
+// Connects to the job's coordinator at identity.master_addr:master_port with identity.job_secret, retrying until
+// `timeout_s`. UserError naming the address if it cannot reach it or is refused.
+c10::intrusive_ptr<c10d::Store> connect_store(const HostIdentity& identity, double timeout_s);
+
+// What a host prints when it cannot reach the coordinator any more: "host H lost contact with the job's coordinator
+// (host 0 at A:P), which has probably died: <detail>".
+std::string coordinator_lost_reason(const HostIdentity& identity, const std::string& detail);
 
 // The first failure of the job, as published in the store.
 struct AbortRecord {

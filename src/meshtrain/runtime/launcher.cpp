@@ -2,6 +2,7 @@
 #include "meshtrain/runtime/launcher.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/control/secret.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -25,8 +26,10 @@ struct HostProcess {
   int exit_code = 0;
 };
 
-volatile sig_atomic_t g_interrupted = 0;
-void on_signal(int) { g_interrupted = 1; }
+// Stop signals (SIGTERM, SIGINT) received: the first is passed on to every host as SIGTERM (they save and exit 0,
+// runtime/preemption.hpp); a second kills them.
+volatile sig_atomic_t g_stop_signals = 0;
+void on_signal(int) { g_stop_signals = g_stop_signals + 1; }
 
 void write_all(int fd, const std::string& text) {
   size_t done = 0;
@@ -72,6 +75,7 @@ void set_identity_environment(const HostIdentity& id) {
   ::setenv("MESHTRAIN_MASTER_ADDR", id.master_addr.c_str(), 1);
   ::setenv("MESHTRAIN_MASTER_PORT", std::to_string(id.master_port).c_str(), 1);
   if (!id.iface.empty()) ::setenv("MESHTRAIN_IFACE", id.iface.c_str(), 1);
+  if (!id.job_secret.empty()) ::setenv("MESHTRAIN_JOB_SECRET", id.job_secret.c_str(), 1);
 }
 
 }  // namespace
@@ -103,6 +107,7 @@ int launch_local(const LocalLaunch& launch) {
   identity.master_addr = "127.0.0.1";
   identity.master_port = launch.master_port > 0 ? launch.master_port : find_free_port();
   identity.iface = launch.iface;
+  identity.job_secret = control::make_secret();  // fresh for this job's hosts; they get it in their environment
 
   std::vector<HostProcess> hosts(launch.hosts);
   for (int h = 0; h < launch.hosts; ++h) {
@@ -139,6 +144,7 @@ int launch_local(const LocalLaunch& launch) {
   int first_failure = 0;
   Clock::time_point failure_time;
   bool killed = false;
+  bool passed_on = false;  // the first stop signal, to the hosts
   char buffer[65536];
   while (true) {
     std::vector<pollfd> fds;
@@ -185,7 +191,14 @@ int launch_local(const LocalLaunch& launch) {
     }
     const bool grace_over = first_failure != 0 && Clock::now() - failure_time >
                                                      std::chrono::milliseconds(int64_t(launch.kill_grace_s * 1000));
-    if (!killed && (g_interrupted || grace_over)) {
+    if (g_stop_signals >= 1 && !passed_on) {
+      passed_on = true;
+      write_all(STDERR_FILENO, "[meshtrain run] stop signal: every host saves a checkpoint after its current step and "
+                               "exits (a second signal kills them now)\n");
+      for (HostProcess& p : hosts)
+        if (!p.exited) ::kill(-p.pid, SIGTERM);
+    }
+    if (!killed && (g_stop_signals >= 2 || grace_over)) {
       killed = true;
       for (HostProcess& p : hosts)
         if (!p.exited) {

@@ -18,7 +18,7 @@ int64_t now_ns() {
 
 Watchdog::Watchdog(const HostIdentity& identity, WatchdogTimes times, Events events)
     : identity_(identity), times_(times), events_(std::move(events)), last_contact_ns_(now_ns()) {
-  store_ = connect_store(identity_, false, times_.connect_timeout_s);
+  store_ = connect_store(identity_, times_.connect_timeout_s);
   joined_.assign(identity_.hosts, false);
   finished_.assign(identity_.hosts, false);
   last_beat_.assign(identity_.hosts, -1);
@@ -105,9 +105,7 @@ void Watchdog::beat_loop() {
     try {
       check_round();
     } catch (const std::exception& e) {
-      events_.coordinator_lost(fmt::format(
-          "host {} lost contact with the job's coordinator (host 0 at {}:{}), which has probably died: {}",
-          identity_.host, identity_.master_addr, identity_.master_port, e.what()));
+      events_.coordinator_lost(coordinator_lost_reason(identity_, e.what()));
       return;
     }
   }

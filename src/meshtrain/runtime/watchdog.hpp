@@ -83,7 +83,7 @@ class Watchdog {
   const HostIdentity identity_;
   const WatchdogTimes times_;
   const Events events_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::Store> store_;
   std::mutex store_mutex_;  // one client, used by the beat thread and by abort/finish callers on other threads
 
   // Per host, owned by the beat thread.

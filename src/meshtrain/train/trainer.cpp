@@ -14,6 +14,7 @@
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/plots/metrics_svg.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
+#include "meshtrain/runtime/preemption.hpp"
 #include "meshtrain/train/adamw.hpp"
 #include "meshtrain/train/checkpoint_dirs.hpp"
 #include "meshtrain/train/grad_clip.hpp"
@@ -27,6 +28,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -201,6 +203,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   // Shared by the device threads: `settings` (immutable), `pipeline` and `eval_pipeline` (their next() is
   // thread-safe), `metrics` (used by the reporter thread only), `resume` (read only), `checkpoint_weights` (const
   // reads, each a pread).
+  std::atomic<int64_t> preempted_at_step{0};  // the step every device stopped after, when a stop signal came
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) {
     const bool reporter = ctx.info().local == 0;
     // Built without parameter storage: ParallelModel gives each parameter only this device's pieces.
@@ -314,7 +317,9 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       ctx.report_progress(step);
       if (eval_pipeline && (step % settings.eval_every_steps == 0 || step == settings.max_steps)) evaluate(step);
 
-      if ((settings.save_steps > 0 && step % settings.save_steps == 0) || step == settings.max_steps) {
+      // A stop signal on any host (runtime/preemption.hpp): every device saves this step and stops after it.
+      const bool preempted = runtime::agree_on_preemption(ctx.world());
+      if ((settings.save_steps > 0 && step % settings.save_steps == 0) || step == settings.max_steps || preempted) {
         data::DataCursor next = batch.cursor;
         if (++next.step == pipeline.batches_per_epoch()) next = {next.epoch + 1, 0};
         const TrainingState state = TrainingState::at_step(settings.trajectory, settings.seed, step,
@@ -327,13 +332,21 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
         if (ctx.device() == 0) remove_old_checkpoints(settings.checkpoints, settings.keep);
         ctx.report_progress(step);
       }
+      if (preempted) {
+        preempted_at_step.store(step);
+        break;
+      }
     }
     if (reporter) {
       metrics.finish();
       log::info("device {} (host {}): collectives issued: {}", ctx.device(), ctx.host(), ctx.counters().summary());
     }
   });
-  log::info("Training finished on host {} at step {}", host, settings.max_steps);
+  if (const int64_t step = preempted_at_step.load(); step > 0)
+    log::info("Host {}: preempted at step {}; saved {}", host, step,
+              checkpoint_dir_for_step(settings.checkpoints, step).string());
+  else
+    log::info("Training finished on host {} at step {}", host, settings.max_steps);
   log_memory_used(host, memory_plan);
   if (host == 0) {
     log::info("Plot of the run: {} (`meshtrain plot {}` redraws it)", plots::plot_metrics(settings.output_dir).string(),
