@@ -14,7 +14,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 MESHTRAIN := $(BUILD_DIR)/meshtrain
 
-.PHONY: setup build demo test test-fast clean build-asan test-asan build-tsan test-tsan stress
+.PHONY: setup build demo test test-fast clean build-asan test-asan build-tsan test-tsan stress fuzz
 
 setup:
 	@bash scripts/setup.sh
@@ -86,5 +86,22 @@ build-tsan: setup $(TSAN_DIR)/build.ninja
 test-tsan: build-tsan
 	cd $(TSAN_DIR) && env $(TSAN_ENV) ctest --output-on-failure -j $(JOBS) -R '^($(subst :,|,$(TSAN_FILTER)))'
 
+# Coverage-guided fuzzing: clang's libFuzzer with ASan and UBSan (build-fuzz), every meshtrain object instrumented,
+# FUZZ_SECONDS per target, starting from the committed corpora (tests/fuzz/corpus/<reader>/). The torch-free readers
+# only: the readers that need torch would need a second instrumented build of every torch source, with clang;
+# they run under the mutation driver in `make test` and `make test-asan`.
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 30
+LIBFUZZER_TARGETS := token_shards tokenizer_json tiktoken config_yaml control_protocol
+
+$(FUZZ_DIR)/build.ninja:
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_LIBFUZZER=ON \
+	  -DMESHTRAIN_SANITIZE=address,undefined
+
+fuzz: setup $(FUZZ_DIR)/build.ninja
+	env $(ASAN_ENV) ninja -C $(FUZZ_DIR) -j $(JOBS) $(addprefix fuzz_,$(LIBFUZZER_TARGETS))
+	cd $(FUZZ_DIR) && env $(ASAN_ENV) MESHTRAIN_FUZZ_SECONDS=$(FUZZ_SECONDS) ctest --output-on-failure -j $(JOBS) \
+	  -R '^fuzz\.($(subst $(eval) ,|,$(LIBFUZZER_TARGETS)))$$'
+
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR) $(FUZZ_DIR)
