@@ -11,6 +11,7 @@ packages=(
   libyaml-cpp-dev libcli11-dev libfmt-dev nlohmann-json3-dev libpcre2-dev
   libgtest-dev
   libssl-dev                          # libcrypto: HMAC-SHA256 for the control plane's job secret
+  clang libclang-rt-14-dev            # `make fuzz`: libFuzzer and the sanitizers' runtimes for clang
   libprotobuf-dev protobuf-compiler   # TensorBoard event files (src/meshtrain/tensorboard/event.proto)
   python3-torch python3-numpy         # independent reference implementations and Python peers in tests/bench
   iproute2                            # `ip netns`: two hosts on a veth link in tests/python/slow_test_netns.py
