@@ -104,6 +104,13 @@ nlohmann::json architecture_of(const LlamaConfig& config) {
   return j;
 }
 
+// Creates `dir` for save_hf_weights and removes an old marker from it.
+void begin_checkpoint_directory(const fs::path& dir) {
+  fs::create_directories(dir);
+  fs::remove(dir / kCompletionMarker);
+  fsync_directory(dir);
+}
+
 }  // namespace
 
 std::string weights_file_name(size_t index, size_t count) {
@@ -120,12 +127,6 @@ CheckpointFile write_hf_index(const fs::path& dir, const std::map<std::string, s
                               uint64_t total_bytes) {
   nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
   return write_text_file(dir, kIndexFile, index.dump(2) + "\n");
-}
-
-void begin_checkpoint_directory(const fs::path& dir) {
-  fs::create_directories(dir);
-  fs::remove(dir / kCompletionMarker);
-  fsync_directory(dir);
 }
 
 std::vector<CheckpointFile> save_hf_weights(const fs::path& dir, LlamaForCausalLM& model,
@@ -220,7 +221,9 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   // Which file holds each tensor.
   std::map<std::string, std::string> file_of;
   std::set<std::string> weight_files;
-  if (fs::exists(dir / kIndexFile)) {
+  // A meshtrain directory has what its marker lists, whatever else lies there; a Hugging Face one what it holds.
+  const bool listed = marker.empty() ? fs::exists(dir / kIndexFile) : marker.count(kIndexFile) != 0;
+  if (listed) {
     const std::string index_text = read_text_file(dir / kIndexFile);
     check_against_marker(marker, dir, kIndexFile, index_text.size(), crc32c(index_text.data(), index_text.size()));
     nlohmann::json index = parse_json_file(dir / kIndexFile, index_text);
@@ -248,6 +251,8 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   tensors.dir_ = dir;
   tensors.files_.reserve(weight_files.size());
   for (const std::string& name : weight_files) {
+    MT_USER_CHECK(marker.empty() || marker.count(name), "{}: the weight file is not listed in the completion marker {}",
+                  (dir / name).string(), kCompletionMarker);
     MT_USER_CHECK(fs::exists(dir / name), "{}: the weight file is missing", (dir / name).string());
     if (verify == Verify::against_marker && !marker.empty()) {
       const FileChecksum sum = file_crc32c(dir / name);
@@ -283,13 +288,13 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   return tensors;
 }
 
-CheckpointTensors CheckpointTensors::files_starting_with(const fs::path& dir, const std::string& file_prefix) {
-  std::vector<fs::path> paths;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(file_prefix, 0) == 0 && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
-  }
-  std::sort(paths.begin(), paths.end());
+CheckpointTensors CheckpointTensors::listed_files_starting_with(const fs::path& dir, const std::string& file_prefix) {
+  const auto marker = read_marker(dir);
+  MT_USER_CHECK(!marker.empty(), "{}: incomplete checkpoint: there is no completion marker {} to list its {}* files",
+                dir.string(), kCompletionMarker, file_prefix);
+  std::vector<fs::path> paths;  // in name order (the marker's map)
+  for (const auto& [name, file] : marker)
+    if (name.rfind(file_prefix, 0) == 0 && fs::path(name).extension() == ".safetensors") paths.push_back(dir / name);
   CheckpointTensors tensors;
   tensors.dir_ = dir;
   tensors.files_.reserve(paths.size());
