@@ -5,6 +5,7 @@
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/file_names.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/safetensors.hpp"
 
@@ -42,22 +43,14 @@ std::string read_text_file(const fs::path& path) {
   return ss.str();
 }
 
-nlohmann::json parse_json_file(const fs::path& path, const std::string& text) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
-}
-
 // A file name from an untrusted marker or index: a plain name inside the checkpoint directory ("../x", "/x", "a/b"
 // and names with a NUL byte are refused, naming `source` and the field).
 std::string plain_file_name(const nlohmann::json& value, const fs::path& source, const char* field) {
-  MT_USER_CHECK(value.is_string(), "{}: {} {} is not a file name", source.string(), field, value.dump());
+  MT_USER_CHECK(value.is_string(), "{}: {} {} is not a file name", source.string(), field, json_excerpt(value));
   const std::string name = value.get<std::string>();
   MT_USER_CHECK(is_plain_file_name(name),
                 "{}: file name check failed: {} {} must be a plain file name in the checkpoint directory",
-                source.string(), field, value.dump());
+                source.string(), field, json_excerpt(value));
   return name;
 }
 
@@ -66,7 +59,7 @@ std::map<std::string, CheckpointFile> read_marker(const fs::path& dir) {
   std::map<std::string, CheckpointFile> files;
   const fs::path path = dir / kCompletionMarker;
   if (!fs::exists(path)) return files;
-  nlohmann::json marker = parse_json_file(path, read_text_file(path));
+  const nlohmann::json marker = parse_json(read_text_file(path), path.string());
   MT_USER_CHECK(marker.is_object() && marker.contains("files") && marker["files"].is_array(), "{}: no 'files' list",
                 path.string());
   for (const auto& f : marker["files"]) {
@@ -75,7 +68,8 @@ std::map<std::string, CheckpointFile> read_marker(const fs::path& dir) {
     };
     MT_USER_CHECK(f.is_object() && f.contains("name") && is_unsigned("bytes", UINT64_MAX) &&
                       is_unsigned("crc32c", UINT32_MAX),
-                  "{}: a file entry lacks a name, a byte count or a 32-bit crc32c: {}", path.string(), f.dump());
+                  "{}: a file entry lacks a name, a byte count or a 32-bit crc32c: {}", path.string(),
+                  json_excerpt(f));
     CheckpointFile file{plain_file_name(f.at("name"), path, "name"), f.at("bytes").get<uint64_t>(),
                         f.at("crc32c").get<uint32_t>()};
     files[file.name] = file;
@@ -197,7 +191,7 @@ LlamaConfig read_hf_config(const fs::path& dir) {
   const fs::path path = dir / kConfigFile;
   MT_USER_CHECK(fs::is_directory(dir), "checkpoint directory {} does not exist", dir.string());
   MT_USER_CHECK(fs::exists(path), "{} is not a checkpoint: it has no {}", dir.string(), kConfigFile);
-  return LlamaConfig::from_hf_json(parse_json_file(path, read_text_file(path)), path.string());
+  return LlamaConfig::from_hf_json(parse_json(read_text_file(path), path.string()), path.string());
 }
 
 CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaConfig& config, Verify verify) {
@@ -205,7 +199,7 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   const fs::path config_path = dir / kConfigFile;
   MT_USER_CHECK(fs::exists(config_path), "{} is not a checkpoint: it has no {}", dir.string(), kConfigFile);
   const std::string config_text = read_text_file(config_path);
-  const nlohmann::json config_json = parse_json_file(config_path, config_text);
+  const nlohmann::json config_json = parse_json(config_text, config_path.string());
   MT_USER_CHECK(!marker.empty() || !config_json.contains(kMeshtrainKey),
                 "{}: incomplete checkpoint: meshtrain wrote it but the completion marker {} is missing "
                 "(the save was interrupted)",
@@ -226,7 +220,7 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   if (listed) {
     const std::string index_text = read_text_file(dir / kIndexFile);
     check_against_marker(marker, dir, kIndexFile, index_text.size(), crc32c(index_text.data(), index_text.size()));
-    nlohmann::json index = parse_json_file(dir / kIndexFile, index_text);
+    const nlohmann::json index = parse_json(index_text, (dir / kIndexFile).string());
     MT_USER_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no weight_map object",
                   (dir / kIndexFile).string());
     for (const auto& [name, file] : index["weight_map"].items()) {
