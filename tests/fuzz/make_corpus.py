@@ -253,6 +253,35 @@ def control_protocol():
     write("control_protocol", "huge_length.bin", b"\x01" + struct.pack("<I", 0xFFFFFFF0) + b"k")
 
 
+# ---- values nested deeper than any reader accepts (issue 34: a value nested 100,000 levels deep crashed every JSON
+# reader: its error message dumped the value with nlohmann's recursive dump, and the stack overflowed) ----
+DEEP_LEVELS = 50000  # 100 KB of brackets; the readers stop at json_read.hpp's kMaxJsonDepth (64)
+DEEP_MARK = "@deeply-nested@"
+
+
+def with_deep_value(text):
+    """`text` with the JSON string DEEP_MARK replaced by an array nested DEEP_LEVELS deep."""
+    return text.replace(json.dumps(DEEP_MARK), "[" * DEEP_LEVELS + "]" * DEEP_LEVELS)
+
+
+def deep_nesting():
+    narrow = [[3, 10, 11, 12], [3, 65535]]
+    index = json.loads(shard_index([shard_entry("shard_00000.tok", narrow, 2)], 2))
+    write("token_shards", "index_nested_sources.json", with_deep_value(json.dumps(dict(index, sources=DEEP_MARK))))
+    tokenizer = json.loads(tokenizer_json())
+    write("tokenizer_json", "nested_pre_tokenizer.json",
+          with_deep_value(json.dumps(dict(tokenizer, pre_tokenizer=DEEP_MARK), ensure_ascii=False)))
+    header = json.dumps({"x": {"dtype": "F32", "shape": DEEP_MARK, "data_offsets": [0, 0]}})
+    text = with_deep_value(header)
+    text += " " * ((-len(text)) % 8)
+    write("safetensors", "nested_shape.safetensors", struct.pack("<Q", len(text)) + text.encode())
+    write("safetensors_index", "nested_weight_map_value.json",
+          with_deep_value(json.dumps({"weight_map": {"model.norm.weight": DEEP_MARK}})))
+    write("checkpoint_marker", "nested_file_entry.json", with_deep_value(json.dumps({"files": [DEEP_MARK]})))
+    write("training_state", "nested_step.json",
+          with_deep_value(json.dumps({"format": "meshtrain-training-state", "version": 1, "step": DEEP_MARK})))
+
+
 if __name__ == "__main__":
     shutil.rmtree(CORPUS, ignore_errors=True)
     token_shards()
@@ -262,6 +291,7 @@ if __name__ == "__main__":
     safetensors()
     checkpoint_files()
     control_protocol()
+    deep_nesting()
     for reader in sorted(os.listdir(CORPUS)):
         sizes = [os.path.getsize(os.path.join(CORPUS, reader, f)) for f in os.listdir(os.path.join(CORPUS, reader))]
         print(f"{reader}: {len(sizes)} seeds, largest {max(sizes)} bytes")

@@ -11,15 +11,22 @@ copied into fresh output folders and resumed:
   * with the newest checkpoint incomplete (no completion marker): that one is skipped with a warning.
 The step-10 checkpoint is a Hugging Face directory: `meshtrain score` loads it on one device, and its index maps every
 parameter to a file that exists.
+
+InterruptedSaveTest (issue 34): a save on 1 host x 2 devices dies before its marker; the run resumes on 1 device,
+saves that step again and is killed at the next step; the next resume must load that step (the interrupted save's
+files are never read beside the later ones). A save that hits a full disk (a file size limit, EFBIG, stands in for
+ENOSPC: the same failed write) removes its partial folder, exits 1 and leaves the older checkpoint to resume from.
 """
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import tempfile
 import unittest
 
-from training_runs import BINARY, train
+from training_runs import BASE, BINARY, train
 
 STEPS, SAVE = 10, 5
 MESH = ["ici_mesh.fsdp=4", f"max_steps={STEPS}", f"checkpoint.save_steps={SAVE}", "checkpoint.keep=3"]
@@ -117,6 +124,59 @@ class CheckpointResumeTest(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         scored = json.loads(result.stdout)
         self.assertLess(scored["loss"], 5.5)  # ln(256) = 5.55 for a model that learned nothing
+
+
+class InterruptedSaveTest(unittest.TestCase):
+    COMMON = ["max_steps=6", "checkpoint.save_steps=2", "checkpoint.keep=5"]
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.run_dir = os.path.join(self.tmp.name, "run")
+        self.checkpoints = os.path.join(self.run_dir, "checkpoints")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_a_save_interrupted_on_another_mesh_never_spoils_a_later_resume(self):
+        _, _, output = train(self.run_dir, 1, 2, [*self.COMMON, "ici_mesh.fsdp=2", "debug.fault=kill_in_save",
+                                                  "debug.fault_step=4", "debug.fault_device=1"], expect_failure=True)
+        self.assertEqual(sorted(os.listdir(self.checkpoints)), ["step-000002", "step-000004.partial"], output[-3000:])
+
+        # On 1 device: resumes from step 2, saves step 4 again (the partial folder is replaced), dies at step 5.
+        _, _, output = train(self.run_dir, 1, 1, [*self.COMMON, "ici_mesh.fsdp=1", "debug.fault=kill",
+                                                  "debug.fault_step=5", "debug.fault_device=0"], expect_failure=True)
+        self.assertRegex(output, r"checkpoint save \S*step-000004.partial was interrupted")
+        self.assertRegex(output, r"Resuming from \S*step-000002 \(step 2,")
+        self.assertEqual(sorted(os.listdir(self.checkpoints)), ["step-000002", "step-000004"], output[-3000:])
+        step4 = os.path.join(self.checkpoints, "step-000004")
+        self.assertEqual(sorted(f for f in os.listdir(step4) if f.startswith("optimizer-")),
+                         ["optimizer-00001-of-00001.safetensors"])
+
+        losses, _, output = train(self.run_dir, 1, 1, [*self.COMMON, "ici_mesh.fsdp=1"])
+        self.assertRegex(output, r"Resuming from \S*step-000004 \(step 4,")
+        self.assertEqual(max(losses), 6)
+
+    def test_a_full_disk_during_a_save_keeps_the_older_checkpoint(self):
+        run = ["max_steps=4", "checkpoint.save_steps=2"]
+        train(self.run_dir, 1, 1, [*run, "debug.fault=kill", "debug.fault_step=3"], expect_failure=True)
+        limit = 128 << 10  # above every small file of a run, below llama-tiny's weights (500 KB)
+
+        def limit_file_size():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+
+        cmd = [BINARY, "run", "--hosts", "1", "--devices-per-host", "1", "--", "train", *BASE,
+               f"output_dir={self.run_dir}", *run]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+        output = result.stdout + result.stderr
+        self.assertEqual(result.returncode, 1, output[-3000:])
+        self.assertRegex(output, r"saving checkpoint \S*step-000004 failed: writing \S* failed")
+        self.assertEqual(os.listdir(self.checkpoints), ["step-000002"])
+
+        losses, _, output = train(self.run_dir, 1, 1, run)
+        self.assertRegex(output, r"Resuming from \S*step-000002 \(step 2,")
+        self.assertEqual(sorted(losses), [1, 2, 3, 4])
+        self.assertEqual(sorted(os.listdir(self.checkpoints)), ["step-000002", "step-000004"])
 
 
 if __name__ == "__main__":

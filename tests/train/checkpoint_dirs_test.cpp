@@ -1,5 +1,6 @@
 // checkpoint_dirs_test.cpp — step folder names, choosing the newest complete checkpoint (an incomplete newer one
-// skipped with a warning), and pruning old ones without ever touching the newest complete one.
+// skipped with a warning, a ".partial" one never a candidate), publishing a partial folder whole, and pruning old
+// ones without ever touching the newest complete one.
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/train/checkpoint_dirs.hpp"
 
@@ -37,6 +38,8 @@ TEST_F(CheckpointDirsTest, NamesAndParsesStepFolders) {
   EXPECT_EQ(checkpoint_step("step-"), std::nullopt);
   EXPECT_EQ(checkpoint_step("step-12a"), std::nullopt);
   EXPECT_EQ(checkpoint_step("latest"), std::nullopt);
+  EXPECT_EQ(checkpoint_step("c/step-000020.partial"), std::nullopt);
+  EXPECT_EQ(partial_checkpoint_dir("c/step-000020"), fs::path("c/step-000020.partial"));
 }
 
 TEST_F(CheckpointDirsTest, NoCheckpointsGivesNothing) {
@@ -89,6 +92,39 @@ TEST_F(CheckpointDirsTest, KeepOneKeepsTheNewestAndKeepZeroKeepsAll) {
   ::testing::internal::GetCapturedStderr();
   EXPECT_FALSE(fs::exists(checkpoint_dir_for_step(root(), 10)));
   EXPECT_EQ(newest_complete_checkpoint(root()), checkpoint_dir_for_step(root(), 20));
+}
+
+TEST_F(CheckpointDirsTest, APartialFolderIsNeverACandidateAndIsCleanedAfterASave) {
+  const fs::path ten = make(10, true);
+  const fs::path partial = partial_checkpoint_dir(checkpoint_dir_for_step(root(), 20));
+  fs::create_directories(partial);
+  std::ofstream(partial / model::kCompletionMarker) << "{\"files\": []}";  // even a marker does not make it one
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(newest_complete_checkpoint(root()), ten);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("step-000020.partial was interrupted"), std::string::npos) << err;
+  ::testing::internal::CaptureStderr();
+  remove_old_checkpoints(root(), 0);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(fs::exists(partial));
+  EXPECT_TRUE(fs::exists(ten));
+}
+
+TEST_F(CheckpointDirsTest, ASaveStartsFromAnEmptyPartialFolderAndReplacesAnOlderFolderWhole) {
+  const fs::path dir = make(20, true);
+  std::ofstream(dir / "optimizer-00001-of-00002.safetensors") << "stale";
+  fs::create_directories(partial_checkpoint_dir(dir));
+  std::ofstream(partial_checkpoint_dir(dir) / "optimizer-00002-of-00002.safetensors") << "stale";
+  ::testing::internal::CaptureStderr();
+  const fs::path partial = begin_partial_checkpoint(dir);
+  EXPECT_TRUE(fs::is_empty(partial));
+  std::ofstream(partial / model::kCompletionMarker) << "{\"files\": []}";
+  publish_checkpoint(dir);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(fs::exists(partial));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{model::kCompletionMarker});
 }
 
 }  // namespace

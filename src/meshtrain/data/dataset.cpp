@@ -10,6 +10,24 @@
 namespace fs = std::filesystem;
 
 namespace meshtrain::data {
+namespace {
+
+// The error for a piece of sample `id` (tokens [offset, offset + count) of `shard`, copied to `ids`) holding an id
+// at or beyond `vocab_size`, naming the first such id. Out of line: the loader's loop only compares a maximum.
+[[noreturn, gnu::cold, gnu::noinline]] void throw_token_beyond_vocabulary(const tokens::TokenShard& shard,
+                                                                          const tokens::ShardIndex& index, int64_t id,
+                                                                          uint64_t offset, uint64_t count,
+                                                                          const int32_t* ids) {
+  const uint32_t vocab_size = index.tokenizer.vocab_size;
+  const auto* bad = std::find_if(ids, ids + count, [&](int32_t t) { return static_cast<uint32_t>(t) >= vocab_size; });
+  throw UserError(fmt::format(
+      "{}: token id check failed: sample {} holds token id {} (token {} of the shard), not below the vocabulary size "
+      "{} of tokenizer {}; the index says the shard's largest id is {} (the shard or its index.json was altered or "
+      "damaged)", shard.path().string(), id, static_cast<uint32_t>(*bad), offset + (bad - ids), vocab_size,
+      index.tokenizer.name, shard.max_token().value_or(0)));
+}
+
+}  // namespace
 
 fs::path TokenDataset::resolve(const std::string& path_or_name) {
   MT_USER_CHECK(!path_or_name.empty(), "dataset.path is empty (a token-shard directory or a name under {})",
@@ -51,8 +69,11 @@ void TokenDataset::read_sample(int64_t id, int32_t* out) const {
   while (count > 0) {
     const tokens::TokenShard& shard = shards_.shards()[s];
     const uint64_t offset = begin - shard_starts_[s], piece = std::min(count, shard.token_count() - offset);
-    // int32 and uint32 may alias; token ids are below the vocabulary size, at most 2^31 (checked on construction).
-    shard.copy_tokens(offset, piece, reinterpret_cast<uint32_t*>(out));
+    // int32 and uint32 may alias; token ids are below the vocabulary size, at most 2^31 (checked on construction),
+    // and each id is checked here, where it is handed on (the index's max_token is trusted when checksums are
+    // computed on first read).
+    if (shard.copy_tokens(offset, piece, reinterpret_cast<uint32_t*>(out)) >= index().tokenizer.vocab_size)
+      throw_token_beyond_vocabulary(shard, index(), id, offset, piece, out);
     out += piece;
     begin += piece;
     count -= piece;

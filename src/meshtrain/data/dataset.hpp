@@ -31,7 +31,9 @@ class TokenDataset {
   int64_t block_size() const { return block_size_; }
   int64_t num_samples() const { return num_samples_; }
 
-  // Writes sample `id`'s block_size + 1 tokens, widened to int32, to `out`: the only copy of the data path.
+  // Writes sample `id`'s block_size + 1 tokens, widened to int32, to `out`: the only copy of the data path. UserError
+  // naming the shard file, the sample and the id if an id is not below the tokenizer's vocab_size (a shard whose
+  // index understates its largest id; the trainer requires the model's vocab_size to cover the tokenizer's).
   void read_sample(int64_t id, int32_t* out) const;
 
  private:

@@ -7,6 +7,7 @@
 #include "meshtrain/common/checksum.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/common/mix.hpp"
 #include "meshtrain/sharding/visualize.hpp"
@@ -197,14 +198,14 @@ nlohmann::json DataPipeline::state(const DataCursor& next) const {
 }
 
 DataCursor DataPipeline::check_state(const nlohmann::json& saved) const {
-  MT_USER_CHECK(saved.is_object(), "the saved data state is not a JSON object: {}", saved.dump());
+  MT_USER_CHECK(saved.is_object(), "the saved data state is not a JSON object: {}", json_excerpt(saved));
   std::vector<std::string> problems;
   const nlohmann::json current = identity();
   for (const auto& [field, now] : current.items()) {
     if (!saved.contains(field))
       problems.push_back(fmt::format("{} is missing", field));
     else if (saved.at(field) != now)
-      problems.push_back(fmt::format("{}: saved {}, now {}", field, saved.at(field).dump(), now.dump()));
+      problems.push_back(fmt::format("{}: saved {}, now {}", field, json_excerpt(saved.at(field)), now.dump()));
   }
   for (const char* field : {"epoch", "step"})
     if (!saved.contains(field) || !saved.at(field).is_number_integer())

@@ -5,6 +5,7 @@
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/file_names.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/safetensors.hpp"
 
@@ -42,22 +43,14 @@ std::string read_text_file(const fs::path& path) {
   return ss.str();
 }
 
-nlohmann::json parse_json_file(const fs::path& path, const std::string& text) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
-}
-
 // A file name from an untrusted marker or index: a plain name inside the checkpoint directory ("../x", "/x", "a/b"
 // and names with a NUL byte are refused, naming `source` and the field).
 std::string plain_file_name(const nlohmann::json& value, const fs::path& source, const char* field) {
-  MT_USER_CHECK(value.is_string(), "{}: {} {} is not a file name", source.string(), field, value.dump());
+  MT_USER_CHECK(value.is_string(), "{}: {} {} is not a file name", source.string(), field, json_excerpt(value));
   const std::string name = value.get<std::string>();
   MT_USER_CHECK(is_plain_file_name(name),
                 "{}: file name check failed: {} {} must be a plain file name in the checkpoint directory",
-                source.string(), field, value.dump());
+                source.string(), field, json_excerpt(value));
   return name;
 }
 
@@ -66,7 +59,7 @@ std::map<std::string, CheckpointFile> read_marker(const fs::path& dir) {
   std::map<std::string, CheckpointFile> files;
   const fs::path path = dir / kCompletionMarker;
   if (!fs::exists(path)) return files;
-  nlohmann::json marker = parse_json_file(path, read_text_file(path));
+  const nlohmann::json marker = parse_json(read_text_file(path), path.string());
   MT_USER_CHECK(marker.is_object() && marker.contains("files") && marker["files"].is_array(), "{}: no 'files' list",
                 path.string());
   for (const auto& f : marker["files"]) {
@@ -75,7 +68,8 @@ std::map<std::string, CheckpointFile> read_marker(const fs::path& dir) {
     };
     MT_USER_CHECK(f.is_object() && f.contains("name") && is_unsigned("bytes", UINT64_MAX) &&
                       is_unsigned("crc32c", UINT32_MAX),
-                  "{}: a file entry lacks a name, a byte count or a 32-bit crc32c: {}", path.string(), f.dump());
+                  "{}: a file entry lacks a name, a byte count or a 32-bit crc32c: {}", path.string(),
+                  json_excerpt(f));
     CheckpointFile file{plain_file_name(f.at("name"), path, "name"), f.at("bytes").get<uint64_t>(),
                         f.at("crc32c").get<uint32_t>()};
     files[file.name] = file;
@@ -104,6 +98,13 @@ nlohmann::json architecture_of(const LlamaConfig& config) {
   return j;
 }
 
+// Creates `dir` for save_hf_weights and removes an old marker from it.
+void begin_checkpoint_directory(const fs::path& dir) {
+  fs::create_directories(dir);
+  fs::remove(dir / kCompletionMarker);
+  fsync_directory(dir);
+}
+
 }  // namespace
 
 std::string weights_file_name(size_t index, size_t count) {
@@ -120,12 +121,6 @@ CheckpointFile write_hf_index(const fs::path& dir, const std::map<std::string, s
                               uint64_t total_bytes) {
   nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
   return write_text_file(dir, kIndexFile, index.dump(2) + "\n");
-}
-
-void begin_checkpoint_directory(const fs::path& dir) {
-  fs::create_directories(dir);
-  fs::remove(dir / kCompletionMarker);
-  fsync_directory(dir);
 }
 
 std::vector<CheckpointFile> save_hf_weights(const fs::path& dir, LlamaForCausalLM& model,
@@ -196,7 +191,7 @@ LlamaConfig read_hf_config(const fs::path& dir) {
   const fs::path path = dir / kConfigFile;
   MT_USER_CHECK(fs::is_directory(dir), "checkpoint directory {} does not exist", dir.string());
   MT_USER_CHECK(fs::exists(path), "{} is not a checkpoint: it has no {}", dir.string(), kConfigFile);
-  return LlamaConfig::from_hf_json(parse_json_file(path, read_text_file(path)), path.string());
+  return LlamaConfig::from_hf_json(parse_json(read_text_file(path), path.string()), path.string());
 }
 
 CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaConfig& config, Verify verify) {
@@ -204,7 +199,7 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   const fs::path config_path = dir / kConfigFile;
   MT_USER_CHECK(fs::exists(config_path), "{} is not a checkpoint: it has no {}", dir.string(), kConfigFile);
   const std::string config_text = read_text_file(config_path);
-  const nlohmann::json config_json = parse_json_file(config_path, config_text);
+  const nlohmann::json config_json = parse_json(config_text, config_path.string());
   MT_USER_CHECK(!marker.empty() || !config_json.contains(kMeshtrainKey),
                 "{}: incomplete checkpoint: meshtrain wrote it but the completion marker {} is missing "
                 "(the save was interrupted)",
@@ -220,10 +215,12 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   // Which file holds each tensor.
   std::map<std::string, std::string> file_of;
   std::set<std::string> weight_files;
-  if (fs::exists(dir / kIndexFile)) {
+  // A meshtrain directory has what its marker lists, whatever else lies there; a Hugging Face one what it holds.
+  const bool listed = marker.empty() ? fs::exists(dir / kIndexFile) : marker.count(kIndexFile) != 0;
+  if (listed) {
     const std::string index_text = read_text_file(dir / kIndexFile);
     check_against_marker(marker, dir, kIndexFile, index_text.size(), crc32c(index_text.data(), index_text.size()));
-    nlohmann::json index = parse_json_file(dir / kIndexFile, index_text);
+    const nlohmann::json index = parse_json(index_text, (dir / kIndexFile).string());
     MT_USER_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "{}: no weight_map object",
                   (dir / kIndexFile).string());
     for (const auto& [name, file] : index["weight_map"].items()) {
@@ -248,6 +245,8 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   tensors.dir_ = dir;
   tensors.files_.reserve(weight_files.size());
   for (const std::string& name : weight_files) {
+    MT_USER_CHECK(marker.empty() || marker.count(name), "{}: the weight file is not listed in the completion marker {}",
+                  (dir / name).string(), kCompletionMarker);
     MT_USER_CHECK(fs::exists(dir / name), "{}: the weight file is missing", (dir / name).string());
     if (verify == Verify::against_marker && !marker.empty()) {
       const FileChecksum sum = file_crc32c(dir / name);
@@ -283,13 +282,13 @@ CheckpointTensors CheckpointTensors::weights(const fs::path& dir, const LlamaCon
   return tensors;
 }
 
-CheckpointTensors CheckpointTensors::files_starting_with(const fs::path& dir, const std::string& file_prefix) {
-  std::vector<fs::path> paths;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(file_prefix, 0) == 0 && entry.path().extension() == ".safetensors") paths.push_back(entry.path());
-  }
-  std::sort(paths.begin(), paths.end());
+CheckpointTensors CheckpointTensors::listed_files_starting_with(const fs::path& dir, const std::string& file_prefix) {
+  const auto marker = read_marker(dir);
+  MT_USER_CHECK(!marker.empty(), "{}: incomplete checkpoint: there is no completion marker {} to list its {}* files",
+                dir.string(), kCompletionMarker, file_prefix);
+  std::vector<fs::path> paths;  // in name order (the marker's map)
+  for (const auto& [name, file] : marker)
+    if (name.rfind(file_prefix, 0) == 0 && fs::path(name).extension() == ".safetensors") paths.push_back(dir / name);
   CheckpointTensors tensors;
   tensors.dir_ = dir;
   tensors.files_.reserve(paths.size());

@@ -5,7 +5,8 @@
 // Saving is atomic per file (temporary name, fsync, rename) and the directory is complete only when the completion
 // marker `meshtrain_complete.json` exists: it lists every file with its size and CRC-32C, and is written last. Other
 // writers (the trainer's optimizer state) add their files to the marker through `write_completion_marker`.
-// Loading verifies the files against the marker; a directory that meshtrain wrote but did not complete is refused,
+// Loading reads only the files the marker lists (never a directory listing: a file left beside them by an earlier
+// save is never read) and verifies them against it; a directory that meshtrain wrote but did not complete is refused,
 // and so is a damaged file, with the file and the failed check named. A directory from Hugging Face (no marker, no
 // meshtrain key in config.json) loads with the structural checks of the safetensors reader. Loading reads only the
 // pieces asked for (CheckpointTensors): a device of a mesh reads its shards' byte ranges, never a whole file.
@@ -46,9 +47,11 @@ class CheckpointTensors {
   // parameter of `config`'s model must be present (and nothing else but tensors the model derives: the rotary
   // table, a tied head); the index (or model.safetensors) says which file holds which tensor.
   static CheckpointTensors weights(const std::filesystem::path& dir, const LlamaConfig& config, Verify verify);
-  // Every tensor of the safetensors files in `dir` whose names start with `file_prefix` ("optimizer-"), whatever
-  // their number (written by any mesh).
-  static CheckpointTensors files_starting_with(const std::filesystem::path& dir, const std::string& file_prefix);
+  // Every tensor of the safetensors files that the completion marker of `dir` lists whose names start with
+  // `file_prefix` ("optimizer-"), whatever their number (written by any mesh); never a file the marker does not list.
+  // UserError if `dir` has no marker.
+  static CheckpointTensors listed_files_starting_with(const std::filesystem::path& dir,
+                                                      const std::string& file_prefix);
 
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   // The values of `slice` of the tensor `slice.name + suffix` as fp32 [slice.numel()]; UserError naming the
@@ -67,10 +70,9 @@ class CheckpointTensors {
 // returns the files written. The directory is not complete until write_completion_marker.
 std::vector<CheckpointFile> save_hf_weights(const std::filesystem::path& dir, LlamaForCausalLM& model,
                                             const HfSaveOptions& options = {});
-// For writers that assemble a checkpoint from several places (the trainer on a mesh, each device writing its files):
-// removes an old marker and creates the directory; "model-00001-of-00004.safetensors"; config.json (marked as
+// For writers that assemble a checkpoint from several places (the trainer on a mesh, each device writing its files
+// into a fresh folder: train/checkpoint_dirs.hpp): "model-00001-of-00004.safetensors"; config.json (marked as
 // meshtrain's); the index of a sharded checkpoint (tensor name -> file).
-void begin_checkpoint_directory(const std::filesystem::path& dir);
 std::string weights_file_name(size_t index, size_t count);
 CheckpointFile write_hf_config(const std::filesystem::path& dir, const LlamaConfig& config, torch::Dtype dtype);
 CheckpointFile write_hf_index(const std::filesystem::path& dir, const std::map<std::string, std::string>& weight_map,

@@ -2,6 +2,7 @@
 #include "meshtrain/model/llama_config.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 
 namespace meshtrain::model {
 namespace {
@@ -18,7 +19,7 @@ T json_or(const nlohmann::json& json, const char* key, T fallback, const std::st
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception&) {
-    throw UserError(fmt::format("{}: key '{}' has the wrong type: {}", source, key, it->dump()));
+    throw UserError(fmt::format("{}: key '{}' has the wrong type: {}", source, key, json_excerpt(*it)));
   }
 }
 
@@ -34,7 +35,7 @@ int64_t token_id(const nlohmann::json& json, const char* key, const std::string&
   if (it == json.end() || it->is_null()) return 0;
   if (it->is_array() && !it->empty()) return (*it)[0].get<int64_t>();
   MT_USER_CHECK(it->is_number_integer(), "{}: key '{}' must be a token id or a list of them, got {}", source, key,
-                it->dump());
+                json_excerpt(*it));
   return it->get<int64_t>();
 }
 
@@ -111,7 +112,7 @@ LlamaConfig LlamaConfig::from_hf_json(const nlohmann::json& json, const std::str
     c.router_aux_loss_coef = json_or<double>(json, "router_aux_loss_coef", 0.001, source);  // HF's default
     MT_USER_CHECK(json.value("sliding_window", nlohmann::json()).is_null(),
                   "{}: sliding_window={} is not supported (attention is over the whole sequence); set it to null",
-                  source, json.value("sliding_window", nlohmann::json()).dump());
+                  source, json_excerpt(json.value("sliding_window", nlohmann::json())));
     MT_USER_CHECK(json_or<double>(json, "router_jitter_noise", 0.0, source) == 0.0,
                   "{}: router_jitter_noise must be 0 (meshtrain's routing is deterministic)", source);
   }

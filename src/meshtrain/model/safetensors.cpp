@@ -2,8 +2,7 @@
 #include "meshtrain/model/safetensors.hpp"
 
 #include "meshtrain/common/error.hpp"
-
-#include <nlohmann/json.hpp>
+#include "meshtrain/common/json_read.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -52,7 +51,7 @@ std::string safetensors_dtype_name(torch::Dtype dtype) {
 torch::Dtype safetensors_dtype(const std::string& name, const std::string& context) {
   for (const auto& [n, d] : dtype_names())
     if (n == name) return d;
-  throw UserError(fmt::format("{}: unsupported safetensors dtype '{}'", context, name));
+  throw UserError(fmt::format("{}: unsupported safetensors dtype '{}'", context, bounded_text(name)));
 }
 
 SafetensorsStreamWriter::SafetensorsStreamWriter(AtomicFileWriter& out, std::vector<SafetensorsEntry> entries,
@@ -148,23 +147,18 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   std::string header_text(header_len, '\0');
   file.read_bytes(8, header_len, header_text.data());
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(header_text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: the header is not valid JSON: {}", where, e.what()));
-  }
+  const nlohmann::json header = parse_json(header_text, where);
   MT_USER_CHECK(header.is_object(), "{}: the header is not a JSON object", where);
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       MT_USER_CHECK(value.is_object(), "{}: __metadata__ is not an object", where);
       for (const auto& [k, v] : value.items()) {
-        MT_USER_CHECK(v.is_string(), "{}: __metadata__ value '{}' is not a string", where, k);
+        MT_USER_CHECK(v.is_string(), "{}: __metadata__ value '{}' is not a string", where, bounded_text(k));
         file.metadata_[k] = v.get<std::string>();
       }
       continue;
     }
-    const std::string context = fmt::format("{}: tensor '{}'", where, name);
+    const std::string context = fmt::format("{}: tensor '{}'", where, bounded_text(name));
     MT_USER_CHECK(value.is_object() && value.contains("dtype") && value.contains("shape") &&
                       value.contains("data_offsets"),
                   "{} lacks dtype, shape or data_offsets", context);
@@ -177,18 +171,18 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     MT_USER_CHECK(shape.is_array(), "{}: shape is not a list", context);
     for (const auto& d : shape) {
       MT_USER_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: shape {} is not a list of sizes", context,
-                    shape.dump());
+                    json_excerpt(shape));
       e.shape.push_back(d.get<int64_t>());
     }
     MT_USER_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                       offsets[1].is_number_unsigned(),
-                  "{}: data_offsets {} is not [begin, end]", context, offsets.dump());
+                  "{}: data_offsets {} is not [begin, end]", context, json_excerpt(offsets));
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();
     const uint64_t nbytes = nbytes_of(e.dtype, e.shape, context);
     MT_USER_CHECK(e.begin <= e.end && e.end - e.begin == nbytes,
                   "{}: data_offsets [{}, {}] span {} bytes but dtype {} and shape {} need {}", context, e.begin, e.end,
-                  e.end - e.begin, value["dtype"].get<std::string>(), shape.dump(), nbytes);
+                  e.end - e.begin, value["dtype"].get<std::string>(), json_excerpt(shape), nbytes);
     MT_USER_CHECK(e.end <= data_size, "{}: data ends at byte {} but the file holds {} data bytes (truncated?)",
                   context, e.end, data_size);
     file.entries_.push_back(std::move(e));

@@ -3,6 +3,7 @@
 
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -206,7 +207,7 @@ fs::path plot_metrics(const fs::path& output_dir) {
   std::string line;
   for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
     if (line.empty()) continue;
-    const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json row = parse_json_if_valid(line).value_or(nlohmann::json());
     MT_USER_CHECK(row.is_object() && row.contains("step") && row["step"].is_number(),
                   "{}:{}: not a metrics line (a JSON object with a step)", source.string(), line_number);
     const double step = row["step"].get<double>();

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/tokenizer/tokenizer.hpp"
 
 namespace meshtrain::tokenizer {
@@ -64,7 +65,7 @@ uint32_t token_id(const nlohmann::json& value, uint64_t id_limit, const std::str
   MT_USER_CHECK(value.is_number_unsigned() && value.get<uint64_t>() < id_limit,
                 "{}: token id check failed: the id of {} is {}, expected an integer below {} (the number of entries "
                 "in model.vocab and added_tokens)",
-                path.string(), what, value.dump(), id_limit);
+                path.string(), what, json_excerpt(value), id_limit);
   return value.get<uint32_t>();
 }
 
@@ -84,14 +85,14 @@ std::string pre_tokenizer_pattern(const nlohmann::json& pre, const std::filesyst
   throw UserError(
       fmt::format("{}: unsupported pre_tokenizer {} (expected ByteLevel with use_regex and no prefix "
                   "space, or Sequence[Split(Regex, Isolated), ByteLevel(use_regex=false)])",
-                  path.string(), pre.dump().substr(0, 200)));
+                  path.string(), json_excerpt(pre, 200)));
 }
 
 TokenizerSpec spec_from_json(const nlohmann::json& json, const std::string& bytes, const std::filesystem::path& path,
                              const std::string& name) {
   const nlohmann::json& model = require(json, "model", path);
   MT_USER_CHECK(model.value("type", "") == "BPE", "{}: model.type is '{}', expected BPE", path.string(),
-                model.value("type", ""));
+                bounded_text(model.value("type", "")));
   MT_USER_CHECK(!model.value("byte_fallback", false), "{}: model.byte_fallback is not supported", path.string());
   MT_USER_CHECK(json.value("normalizer", nlohmann::json()).is_null(), "{}: normalizer must be null (byte-level BPE)",
                 path.string());
@@ -113,7 +114,8 @@ TokenizerSpec spec_from_json(const nlohmann::json& json, const std::string& byte
   std::unordered_map<uint32_t, bool> added_ids;
   for (const nlohmann::json& added : added_tokens) {
     const std::string content = require(added, "content", path).get<std::string>();
-    SpecialToken special{content, token_id(require(added, "id", path), id_limit, "added token '" + content + "'", path)};
+    const std::string what = "added token '" + bounded_text(content) + "'";
+    SpecialToken special{content, token_id(require(added, "id", path), id_limit, what, path)};
     added_ids[special.id] = true;
     spec.special_tokens.push_back(special);
     if (special.text == "<|endoftext|>" || (special.text == "<|end_of_text|>" && spec.end_of_text.empty()))
@@ -123,20 +125,21 @@ TokenizerSpec spec_from_json(const nlohmann::json& json, const std::string& byte
   std::unordered_map<std::string, uint32_t> vocab_ids;
   std::string token_bytes;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const uint32_t id = token_id(it.value(), id_limit, "vocab token '" + it.key() + "'", path);
+    const uint32_t id = token_id(it.value(), id_limit, "vocab token '" + bounded_text(it.key()) + "'", path);
     vocab_ids[it.key()] = id;
     if (added_ids.count(id)) continue;
     MT_USER_CHECK(byte_level_decode(it.key(), token_bytes),
                   "{}: vocab token '{}' (id {}) is not in the byte-level "
                   "alphabet",
-                  path.string(), it.key(), id);
+                  path.string(), bounded_text(it.key()), id);
     if (spec.token_bytes.size() <= id) spec.token_bytes.resize(id + 1);
     spec.token_bytes[id] = token_bytes;
   }
 
   auto vocab_id = [&](const std::string& token) {
     auto it = vocab_ids.find(token);
-    MT_USER_CHECK(it != vocab_ids.end(), "{}: merge refers to '{}', which is not in model.vocab", path.string(), token);
+    MT_USER_CHECK(it != vocab_ids.end(), "{}: merge refers to '{}', which is not in model.vocab", path.string(),
+                  bounded_text(token));
     return it->second;
   };
   for (const nlohmann::json& merge : require(model, "merges", path)) {
@@ -147,7 +150,8 @@ TokenizerSpec spec_from_json(const nlohmann::json& json, const std::string& byte
     } else {
       std::string text = merge.get<std::string>();
       size_t space = text.find(' ', 1);
-      MT_USER_CHECK(space != std::string::npos, "{}: merge '{}' is not `left right`", path.string(), text);
+      MT_USER_CHECK(space != std::string::npos, "{}: merge '{}' is not `left right`", path.string(),
+                    bounded_text(text));
       left = text.substr(0, space);
       right = text.substr(space + 1);
     }
@@ -161,10 +165,9 @@ TokenizerSpec spec_from_json(const nlohmann::json& json, const std::string& byte
 
 TokenizerSpec tokenizer_json_spec(const std::filesystem::path& path, const std::string& name) {
   const std::string bytes = read_file_bytes(path);
+  const nlohmann::json json = parse_json(bytes, path.string());
   try {
-    return spec_from_json(nlohmann::json::parse(bytes), bytes, path, name);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
+    return spec_from_json(json, bytes, path, name);
   } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
     throw UserError(fmt::format("{}: unexpected structure: {}", path.string(), e.what()));
   }

@@ -17,6 +17,7 @@
 
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/tokens/shard_writer.hpp"
 
@@ -118,13 +119,8 @@ void tokenize_batch(const tokenizer::Tokenizer& tokenizer, const std::string& te
     std::string text;
     if (batch.source->jsonl) {
       if (raw.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-      nlohmann::json json;
-      try {
-        json = nlohmann::json::parse(raw);
-      } catch (const nlohmann::json::exception& e) {
-        throw UserError(
-            fmt::format("{}:{}: not a JSON object: {}", batch.source->path.string(), batch.first_line + i, e.what()));
-      }
+      const nlohmann::json json =
+          parse_json(raw, fmt::format("{}:{}", batch.source->path.string(), batch.first_line + i));
       MT_USER_CHECK(json.is_object() && json.contains(text_field) && json[text_field].is_string(),
                     "{}:{}: expected a string field \"{}\" (set another with --text-field)",
                     batch.source->path.string(), batch.first_line + i, text_field);

@@ -8,6 +8,7 @@
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/file_names.hpp"
+#include "meshtrain/common/json_read.hpp"
 
 namespace meshtrain::tokens {
 namespace {
@@ -41,7 +42,7 @@ std::string get_string(const uint8_t* bytes, size_t offset, size_t size) {
 uint64_t unsigned_field(const nlohmann::json& object, const char* key, const std::string& file) {
   const nlohmann::json& value = object.at(key);
   MT_USER_CHECK(value.is_number_unsigned(), "{}: corrupted index: \"{}\" is {}, expected a non-negative integer",
-                file, key, value.dump());
+                file, key, json_excerpt(value));
   return value.get<uint64_t>();
 }
 
@@ -51,7 +52,7 @@ uint32_t crc32c_field(const nlohmann::json& shard, const std::string& file) {
   uint32_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
   MT_USER_CHECK(text.size() == 8 && error == std::errc() && end == text.data() + text.size(),
-                "{}: corrupted index: crc32c \"{}\" is not 8 hex digits", file, text);
+                "{}: corrupted index: crc32c \"{}\" is not 8 hex digits", file, bounded_text(text));
   return value;
 }
 
@@ -155,12 +156,7 @@ std::string index_to_json(const ShardIndex& index) {
 
 ShardIndex index_from_json(const std::string& text, const std::filesystem::path& file) {
   const std::string name = file.string();
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: corrupted index: not valid JSON ({})", name, e.what()));
-  }
+  const nlohmann::json json = parse_json(text, name);
   MT_USER_CHECK(json.is_object() && json.contains("format") && json["format"] == kIndexFormatName,
                 "{}: wrong format: expected \"format\": \"{}\"", name, kIndexFormatName);
   ShardIndex index;
@@ -176,7 +172,7 @@ ShardIndex index_from_json(const std::string& text, const std::filesystem::path&
     MT_USER_CHECK(end_of_text.is_number_integer() && end_of_text.get<int64_t>() >= -1 &&
                       end_of_text.get<int64_t>() < static_cast<int64_t>(vocab_size),
                   "{}: corrupted index: end_of_text_id {} is neither -1 nor below vocab_size {}", name,
-                  end_of_text.dump(), vocab_size);
+                  json_excerpt(end_of_text), vocab_size);
     index.tokenizer = {tokenizer.at("name").get<std::string>(), tokenizer.at("kind").get<std::string>(),
                        tokenizer.at("fingerprint").get<std::string>(), static_cast<uint32_t>(vocab_size),
                        end_of_text.get<int64_t>()};
@@ -192,8 +188,7 @@ ShardIndex index_from_json(const std::string& text, const std::filesystem::path&
                        unsigned_field(shard, "documents", name), unsigned_field(shard, "bytes", name),
                        crc32c_field(shard, name), std::nullopt};
       MT_USER_CHECK(is_plain_file_name(entry.file), "{}: corrupted index: shard file name {} must be a plain name",
-                    name,
-                    shard.at("file").dump());
+                    name, json_excerpt(shard.at("file")));
       if (shard.contains("max_token")) {
         const uint64_t max_token = unsigned_field(shard, "max_token", name);
         MT_USER_CHECK(max_token <= UINT32_MAX, "{}: corrupted index: max_token {} of {} is not a token id", name,

@@ -22,17 +22,33 @@ namespace meshtrain::tokens {
 namespace fs = std::filesystem;
 namespace {
 
-// The widening copy of 2-byte token ids to 4 bytes, the host loader's inner loop: on x86-64 compiled twice, for AVX2
-// (one vpmovzxwd per 8 ids) and for the baseline (SSE2 unpacks), the loader picking the one the CPU runs
-// (GCC's target_clones, resolved once at load time); 1.3x faster on a batch of 32 rows (loader_bench, BENCHMARKS.md).
-// Not in the sanitizer builds: their runtimes are not started yet when the dynamic loader runs the resolver (the
-// TSan test binary crashed at load).
+// The copy of token ids to 4 bytes (widening 2-byte ones), the host loader's inner loop, which also returns the
+// largest id copied (for the loader's check against the vocabulary: one vector max per 8 ids, in registers). On
+// x86-64 compiled twice, for AVX2 (one vpmovzxwd per 8 ids) and for the baseline (SSE2), the loader picking the one
+// the CPU runs (GCC's target_clones, resolved once at load time); 1.3x faster on a batch of 32 rows (loader_bench,
+// BENCHMARKS.md). Not in the sanitizer builds: their runtimes are not started yet when the dynamic loader runs the
+// resolver (the TSan test binary crashed at load).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
     !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("avx2", "default")))
+#define MESHTRAIN_TOKEN_COPY_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MESHTRAIN_TOKEN_COPY_CLONES
 #endif
-void widen_u16(const uint16_t* narrow, uint64_t count, uint32_t* out) {
-  for (uint64_t i = 0; i < count; ++i) out[i] = narrow[i];
+MESHTRAIN_TOKEN_COPY_CLONES uint32_t widen_u16(const uint16_t* ids, uint64_t count, uint32_t* out) {
+  uint16_t largest = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    out[i] = ids[i];
+    largest = std::max(largest, ids[i]);
+  }
+  return largest;
+}
+MESHTRAIN_TOKEN_COPY_CLONES uint32_t copy_u32(const uint32_t* ids, uint64_t count, uint32_t* out) {
+  uint32_t largest = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    out[i] = ids[i];
+    largest = std::max(largest, ids[i]);
+  }
+  return largest;
 }
 
 // The mappings the SIGBUS handler can name: a fixed table whose slots are claimed and released without locks, since
@@ -206,16 +222,13 @@ uint32_t TokenShard::token(uint64_t i) const {
   return static_cast<const uint32_t*>(tokens())[i];
 }
 
-void TokenShard::copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) const {
+uint32_t TokenShard::copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) const {
   MT_CHECK(begin + count <= header_.token_count, "tokens [{}, {}) out of range of {} ({} tokens)", begin, begin + count,
            path_.string(), header_.token_count);
-  if (count == 0) return;  // `out` may be null
+  if (count == 0) return 0;  // `out` may be null
   if (first_read_check_) std::call_once(*first_read_check_, [this] { check_payload(); });
-  if (header_.token_bytes == 4) {
-    std::memcpy(out, static_cast<const uint32_t*>(tokens()) + begin, count * 4);
-    return;
-  }
-  widen_u16(static_cast<const uint16_t*>(tokens()) + begin, count, out);
+  if (header_.token_bytes == 4) return copy_u32(static_cast<const uint32_t*>(tokens()) + begin, count, out);
+  return widen_u16(static_cast<const uint16_t*>(tokens()) + begin, count, out);
 }
 
 ShardDirectory ShardDirectory::open(const fs::path& dir, const OpenOptions& options) {

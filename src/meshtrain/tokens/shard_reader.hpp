@@ -69,9 +69,12 @@ class TokenShard {
   // The raw token array: uint16_t* when token_bytes() == 2, uint32_t* when 4.
   const void* tokens() const { return file_->data() + header_.tokens_offset; }
   uint32_t token(uint64_t i) const;
-  // Copies tokens [begin, begin + count) widened to uint32 into `out`. With PayloadCheck::on_first_read the first
-  // call checks the payload CRC-32C first (UserError naming the file if it fails; thread-safe).
-  void copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) const;
+  // Copies tokens [begin, begin + count) widened to uint32 into `out` and returns the largest of them (0 if none),
+  // for the caller to check against the vocabulary: max_token() comes from the index when the payload is not
+  // checksummed at open, and a shard whose index understates it would otherwise hand on any id. With
+  // PayloadCheck::on_first_read the first call checks the payload CRC-32C first (UserError naming the file if it
+  // fails; thread-safe).
+  uint32_t copy_tokens(uint64_t begin, uint64_t count, uint32_t* out) const;
   // Token offsets where documents start: document_count() + 1 entries, the last is token_count().
   const uint64_t* document_starts() const {
     return reinterpret_cast<const uint64_t*>(file_->data() + header_.documents_offset);

@@ -6,6 +6,8 @@
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/safetensors.hpp"
+#include "meshtrain/runtime/comm.hpp"
+#include "meshtrain/train/checkpoint_dirs.hpp"
 
 #include <fmt/format.h>
 
@@ -36,13 +38,13 @@ struct StreamedFile {
   model::SafetensorsStreamWriter tensors;
 };
 
-}  // namespace
-
-void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, parallel::ParallelModel& model,
-                          AdamW& optimizer, const TrainingState& state, const std::function<void()>& after_own_files) {
+// save_mesh_checkpoint's work: every file into partial_checkpoint_dir(dir), published as `dir` by device 0.
+void write_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, parallel::ParallelModel& model,
+                           AdamW& optimizer, const TrainingState& state, const std::function<void()>& after_own_files) {
   runtime::Comm& world = ctx.world();
   const int device = world.rank();
-  if (device == 0) model::begin_checkpoint_directory(dir);
+  const fs::path partial = partial_checkpoint_dir(dir);
+  if (device == 0) begin_partial_checkpoint(dir);
   world.barrier();
 
   // Parameter i (in unit order) is assembled on, and written by, world rank i mod writers.
@@ -57,8 +59,9 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
       for (size_t i = 0; i < shapes.size(); ++i)
         if (owner(i) == device)
           (*suffix ? moments : weights).push_back({shapes[i].first + suffix, torch::kFloat32, shapes[i].second});
-    weights_file = std::make_unique<StreamedFile>(dir / model::weights_file_name(device, writers), std::move(weights));
-    optimizer_file = std::make_unique<StreamedFile>(dir / optimizer_file_name(device, writers), std::move(moments));
+    weights_file =
+        std::make_unique<StreamedFile>(partial / model::weights_file_name(device, writers), std::move(weights));
+    optimizer_file = std::make_unique<StreamedFile>(partial / optimizer_file_name(device, writers), std::move(moments));
   }
   model.assemble_whole_tensors(model.parameter_shards(), owner,
                                [&](size_t, const std::string&, const at::Tensor& part, int64_t) {
@@ -85,9 +88,9 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
       for (int64_t d : shapes[i].second) numel *= d;
       total_bytes += static_cast<uint64_t>(numel) * sizeof(float);
     }
-    small_files.push_back(model::write_hf_config(dir, model.model().config(), torch::kFloat32));
-    small_files.push_back(model::write_hf_index(dir, weight_map, total_bytes));
-    small_files.push_back(write_training_state(dir, state));
+    small_files.push_back(model::write_hf_config(partial, model.model().config(), torch::kFloat32));
+    small_files.push_back(model::write_hf_index(partial, weight_map, total_bytes));
+    small_files.push_back(write_training_state(partial, state));
   }
   if (after_own_files) after_own_files();
   // Also the barrier: every device's files are on disk once every device has contributed.
@@ -101,15 +104,31 @@ void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, para
       files.push_back({optimizer_file_name(k, writers), static_cast<uint64_t>(row[2].item<int64_t>()),
                        static_cast<uint32_t>(row[3].item<int64_t>())});
     }
-    model::write_completion_marker(dir, files);
+    model::write_completion_marker(partial, files);
+    publish_checkpoint(dir);
     log::info("saved checkpoint {}: {} tensors in {} weight and {} optimizer files written by {} devices", dir.string(),
               shapes.size(), writers, writers, writers);
   }
-  world.barrier();  // complete before anyone moves on (or removes an older one)
+  world.barrier();  // published before anyone moves on (or removes an older one)
+}
+
+}  // namespace
+
+void save_mesh_checkpoint(const fs::path& dir, runtime::DeviceContext& ctx, parallel::ParallelModel& model,
+                          AdamW& optimizer, const TrainingState& state, const std::function<void()>& after_own_files) {
+  try {
+    write_mesh_checkpoint(dir, ctx, model, optimizer, state, after_own_files);
+  } catch (const runtime::CollectiveError&) {
+    throw;  // the consequence of a failure elsewhere: the device that failed removes the partial folder
+  } catch (const std::exception& e) {
+    abandon_partial_checkpoint(dir);
+    throw Error(fmt::format("saving checkpoint {} failed: {} (its partial folder is removed; the newest complete "
+                            "checkpoint is kept)", dir.string(), e.what()));
+  }
 }
 
 void load_optimizer_state(const fs::path& dir, parallel::ParallelModel& model, AdamW& optimizer) {
-  const model::CheckpointTensors moments = model::CheckpointTensors::files_starting_with(dir, "optimizer-");
+  const model::CheckpointTensors moments = model::CheckpointTensors::listed_files_starting_with(dir, "optimizer-");
   model.load_shards(optimizer.exp_avg(), moments.source(".exp_avg"));
   model.load_shards(optimizer.exp_avg_sq(), moments.source(".exp_avg_sq"));
   optimizer.set_steps_taken(read_training_state(dir).step);

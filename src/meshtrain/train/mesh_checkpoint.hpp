@@ -12,10 +12,12 @@
 // writes file k: the devices of data replica 0 send their pieces of tensor i to device (i mod W) point to point
 // (ParallelModel::assemble_whole_tensors: the state crosses the network at most once, in parts of at most 8 MB, so
 // no device holds more than one part and its received pieces), which streams each part into its file, checksumming
-// as it writes. Device 0 writes the small files
-// and, once every device's sizes and checksums have arrived (an all-gather that is also the barrier), the
-// completion marker. Loading needs no communication: each device reads only the byte ranges of its own tensor
-// blocks and FSDP shards (model::CheckpointTensors), whatever mesh wrote the checkpoint (resharding).
+// as it writes. Every file goes into a fresh "<dir>.partial" folder (checkpoint_dirs.hpp). Device 0 writes the small
+// files and, once every device's sizes and checksums have arrived (an all-gather that is also the barrier), the
+// completion marker, then publishes the folder whole by renaming it to `dir`. A save that fails (a full disk) removes
+// the partial folder and leaves the older checkpoints as they were. Loading needs no communication: each device
+// reads only the byte ranges of its own tensor blocks and FSDP shards (model::CheckpointTensors) in the files the
+// marker lists, whatever mesh wrote the checkpoint (resharding).
 #pragma once
 
 #include "meshtrain/parallel/parallel_model.hpp"
@@ -30,6 +32,8 @@ namespace meshtrain::train {
 
 // Collective over the world: every device of the job calls it with the same `dir` and state. `after_own_files` runs
 // on each device once its own files are written, before the completion marker (the failure tests die there).
+// Error naming `dir` if this device fails to write its part (its partial folder is removed first); the
+// CollectiveError of a failure elsewhere passes through.
 void save_mesh_checkpoint(const std::filesystem::path& dir, runtime::DeviceContext& ctx,
                           parallel::ParallelModel& model, AdamW& optimizer, const TrainingState& state,
                           const std::function<void()>& after_own_files = {});

@@ -4,6 +4,7 @@
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/host_memory.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
 
@@ -39,9 +40,9 @@ void drop_lines_from_step(const fs::path& path, int64_t first_step) {
   std::string line, kept;
   int64_t dropped = 0;
   while (std::getline(in, line)) {
-    const nlohmann::json json = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (json.is_object() && json.contains("step") && json["step"].is_number_integer() &&
-        json["step"].get<int64_t>() < first_step)
+    const std::optional<nlohmann::json> json = parse_json_if_valid(line);
+    if (json && json->is_object() && json->contains("step") && (*json)["step"].is_number_integer() &&
+        (*json)["step"].get<int64_t>() < first_step)
       kept += line + "\n";
     else
       ++dropped;

@@ -5,6 +5,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/heap.hpp"
 #include "meshtrain/common/host_memory.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
@@ -137,7 +138,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
     MT_USER_CHECK(saved.is_object() && saved.contains("epoch") && saved["epoch"].is_number_integer() &&
                       saved.contains("step") && saved["step"].is_number_integer(),
                   "{}: data_state must hold the integer fields epoch and step, got {}",
-                  (resume->dir / kTrainingStateFile).string(), saved.dump());
+                  (resume->dir / kTrainingStateFile).string(), json_excerpt(saved));
     start_cursor = {saved["epoch"].get<int64_t>(), saved["step"].get<int64_t>()};
   }
   data::DataPipeline pipeline(config, mesh, host, start_cursor);

@@ -4,6 +4,7 @@
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -51,7 +52,7 @@ T field(const nlohmann::json& json, const char* name, const std::string& source)
   MT_USER_CHECK(json.contains(name), "{}: the field '{}' is missing", source, name);
   if constexpr (std::is_integral_v<T>) {
     MT_USER_CHECK(integer_fits<T>(json.at(name)), "{}: the field '{}' is {}, expected an integer in [{}, {}]", source,
-                  name, json.at(name).dump(), std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+                  name, json_excerpt(json.at(name)), std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
   }
   try {
     return json.at(name).get<T>();
@@ -147,13 +148,7 @@ TrainingState read_training_state(const fs::path& dir) {
                 dir.string());
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
-  return TrainingState::from_json(json, path.string());
+  return TrainingState::from_json(parse_json(text.str(), path.string()), path.string());
 }
 
 }  // namespace meshtrain::train

@@ -1,0 +1,65 @@
+// dataset_test.cpp — TokenDataset checks every id it hands on against the vocabulary: a shard whose index understates
+// its largest id (its checksums intact, so nothing else notices when checksums are computed on first read) fails at
+// the sample that holds the id, naming the shard, the sample and the id.
+#include "meshtrain/common/error.hpp"
+#include "meshtrain/data/dataset.hpp"
+#include "meshtrain/tokens/shard_writer.hpp"
+
+#include "scratch_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <numeric>
+
+namespace fs = std::filesystem;
+
+namespace meshtrain::data {
+namespace {
+
+// One shard of ids 0, 1, 2, ... (`token_bytes` wide) with `bad_id` at stream position 50, whose index says its largest
+// id is vocab_size - 1.
+void write_lying_shard(const fs::path& dir, uint32_t token_bytes, uint32_t vocab_size, uint32_t bad_id) {
+  fs::create_directories(dir);
+  tokens::ShardWriter writer(dir / "shard_00000.tok", token_bytes, "test", "test:lying");
+  std::vector<uint32_t> document(200);
+  std::iota(document.begin(), document.end(), 0u);
+  document[50] = bad_id;
+  writer.append_document(document.data(), document.size());
+  tokens::ShardIndex index;
+  index.tokenizer = {"test", "byte", "test:lying", vocab_size, -1};
+  index.token_bytes = token_bytes;
+  index.shards.push_back(writer.finish());
+  index.shards.back().max_token = vocab_size - 1;  // the lie
+  index.total_tokens = index.shards.back().tokens;
+  index.total_documents = index.shards.back().documents;
+  std::ofstream(dir / tokens::kIndexFileName) << tokens::index_to_json(index);
+}
+
+TEST(TokenDatasetTest, AnIdBeyondTheVocabularyIsCaughtWhereItIsHandedOn) {
+  const meshtrain::testing::ScratchDir scratch("meshtrain_dataset_test");
+  for (const auto& [token_bytes, vocab_size, bad_id] :
+       {std::tuple<uint32_t, uint32_t, uint32_t>{2, 256, 300}, {4, 256, 70000}, {4, 1000, 4000000000u}}) {
+    const fs::path dir = scratch.path() / std::to_string(bad_id);
+    write_lying_shard(dir, token_bytes, vocab_size, bad_id);
+    const TokenDataset dataset(dir, 8, tokens::PayloadCheck::on_first_read);
+    std::vector<int32_t> row(9);
+    dataset.read_sample(5, row.data());  // tokens 40..48
+    EXPECT_EQ(row[8], 48);
+    try {
+      dataset.read_sample(6, row.data());  // tokens 48..56
+      ADD_FAILURE() << "an id beyond the vocabulary was handed on";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                fmt::format("{}: token id check failed: sample 6 holds token id {} (token 50 of the shard), not "
+                            "below the vocabulary size {} of tokenizer test; the index says the shard's largest id "
+                            "is {} (the shard or its index.json was altered or damaged)",
+                            (dir / "shard_00000.tok").string(), bad_id, vocab_size, vocab_size - 1));
+    }
+    // With checksums computed at open, the largest id is recomputed there and the index's is refused.
+    EXPECT_THROW(TokenDataset(dir, 8, tokens::PayloadCheck::at_open), UserError);
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::data
