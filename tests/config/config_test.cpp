@@ -6,6 +6,7 @@
 
 #include "scratch_dir.hpp"
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -102,6 +103,46 @@ TEST_F(ConfigTest, LeafValuesAreEveryLeafAsYamlText) {
   EXPECT_EQ(values.size(), c.leaf_keys().size());
   EXPECT_EQ(values.at("seed"), "7");
   EXPECT_EQ(values.at("model.hidden_size"), "64");
+}
+
+// Each input crashed, hung or said `internal error` before the limits (issue 34): the error must name the file or
+// key and the limit, and come at once.
+TEST_F(ConfigTest, HostileYamlIsRefusedNamingTheFileAndTheLimit) {
+  const auto refused = [&](const std::string& text) {
+    write("model/hostile.yaml", text);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error = error_of({"model=hostile"});
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    EXPECT_NE(error.find("hostile.yaml"), std::string::npos) << error;
+    return error;
+  };
+  EXPECT_NE(refused(std::string(100000, '[') + std::string(100000, ']')).find("nested deeper than the limit of 32"),
+            std::string::npos);
+  std::string block;
+  for (int i = 0; i < 40; ++i) block += std::string(2 * i, ' ') + "k" + std::to_string(i) + ":\n";
+  EXPECT_NE(refused(block + std::string(80, ' ') + "x: 1\n").find("nested deeper"), std::string::npos);
+  // The billion laughs: 9 levels of 10 aliases each.
+  std::string bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    bomb += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int j = 0; j < 10; ++j) bomb += std::string(j ? ", " : "") + "*a" + std::to_string(i - 1);
+    bomb += "]\n";
+  }
+  EXPECT_NE(refused(bomb).find("aliases are expanded"), std::string::npos);
+  const std::string huge_value = refused("hidden_size: " + std::string(100000, '7') + "\n");
+  EXPECT_NE(huge_value.find("more than the 65536"), std::string::npos) << huge_value;
+  EXPECT_LT(huge_value.size(), 400u) << "the message quotes the value whole";
+
+  write("defaults.yaml", "defaults:\n  - model: [small, big]\nseed: 42\n");
+  const std::string defaults = error_of({});
+  EXPECT_NE(defaults.find("`defaults:` entry"), std::string::npos) << defaults;
+  EXPECT_NE(defaults.find("defaults.yaml"), std::string::npos) << defaults;
+}
+
+TEST_F(ConfigTest, AnOverrideValueIsBoundedToo) {
+  const std::string error = error_of({"name=" + std::string(70000, 'x')});
+  EXPECT_NE(error.find("config key 'name'"), std::string::npos) << error.substr(0, 300);
+  EXPECT_LT(error.size(), 400u);
 }
 
 TEST(ShippedConfigTest, DefaultsLoadWithEveryModel) {

@@ -162,6 +162,12 @@ def configs():
     write("config_yaml", "overrides.yaml",
           "model:\n  name: llama-tiny\n  vocab_size: 256\n  layers: [1, 2, 3]\nici_mesh: {fsdp: 4, tensor: 1}\n"
           "seed: 42\nlr: 3.0e-4\nflag: true\nempty:\nanchor: &a {x: 1}\nalias: *a\n")
+    # Past bugs (issue 34): an alias bomb (27 s to std::bad_alloc), flow nesting 100,000 deep, a non-scalar group.
+    bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 9))
+    write("config_yaml", "alias_bomb.yaml", bomb)
+    write("config_yaml", "nested_flow.yaml", "x: " + "[" * 100000 + "]" * 100000 + "\n")
+    write("config_yaml", "defaults_not_scalar.yaml", "defaults:\n  - model: [a, b]\n  - {x: {y: z}}\nseed: 1\n")
 
 
 # ---- safetensors ----

@@ -2,6 +2,7 @@
 #include "meshtrain/config/config.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 
 #include <fmt/format.h>
 
@@ -14,6 +15,13 @@ namespace fs = std::filesystem;
 
 namespace meshtrain::config {
 namespace {
+
+// What YAML input may hold (config files, saved configs, override values): meshtrain's own configs are a few KB and
+// nest 3 levels.
+constexpr size_t kMaxYamlBytes = 1 << 20;
+constexpr size_t kMaxYamlValueBytes = 64 << 10;
+constexpr int kMaxYamlDepth = 32;
+constexpr size_t kMaxYamlNodes = 100000;
 
 std::vector<std::string> split_key(const std::string& key) {
   std::vector<std::string> parts;
@@ -93,13 +101,101 @@ const char* kind_name(Kind kind) {
   return "?";
 }
 
+// Flow collections ([...], {...}) nested deeper than kMaxYamlDepth, found before yaml-cpp's recursive parser sees
+// them. Brackets inside quotes and comments are skipped; a stray bracket in a plain scalar can only count too many.
+void check_flow_depth(const std::string& text, const std::string& source) {
+  int depth = 0;
+  char quote = 0;
+  bool comment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (comment) {
+      comment = c != '\n';
+    } else if (quote) {
+      if (c == '\\' && quote == '"') ++i;
+      else if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n')) {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      MT_USER_CHECK(++depth <= kMaxYamlDepth, "{}: nested deeper than the limit of {} levels", source, kMaxYamlDepth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+// Walks the parsed tree without recursion: nesting, scalar sizes, and the nodes visited with every alias expanded
+// (a few lines of anchors and aliases can stand for billions of nodes, which later copies would build).
+void check_tree(const YAML::Node& root, const std::string& source) {
+  std::vector<std::pair<YAML::Node, int>> pending{{root, 0}};
+  size_t visited = 0;
+  while (!pending.empty()) {
+    auto [node, depth] = pending.back();
+    pending.pop_back();
+    MT_USER_CHECK(++visited <= kMaxYamlNodes,
+                  "{}: more than {} values once its aliases are expanded (an alias bomb?)", source, kMaxYamlNodes);
+    MT_USER_CHECK(depth <= kMaxYamlDepth, "{}: nested deeper than the limit of {} levels", source, kMaxYamlDepth);
+    if (node.IsScalar()) {
+      MT_USER_CHECK(node.Scalar().size() <= kMaxYamlValueBytes, "{}: a value of {} bytes ('{}'), more than the {} a "
+                    "config value may have", source, node.Scalar().size(), bounded_text(node.Scalar(), 40),
+                    kMaxYamlValueBytes);
+    } else if (node.IsSequence()) {
+      for (const auto& item : node) pending.emplace_back(item, depth + 1);
+    } else if (node.IsMap()) {
+      for (const auto& kv : node) {
+        pending.emplace_back(kv.first, depth + 1);
+        pending.emplace_back(kv.second, depth + 1);
+      }
+    }
+  }
+}
+
+// Every YAML text meshtrain reads (files, saved configs, override values) goes through here.
+YAML::Node parse_yaml(const std::string& text, const std::string& source) {
+  MT_USER_CHECK(text.size() <= kMaxYamlBytes, "{}: {} bytes, more than the {} a config may have", source, text.size(),
+                kMaxYamlBytes);
+  check_flow_depth(text, source);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw UserError(fmt::format("{} is not valid YAML: {}", source, bounded_text(e.what())));
+  }
+  check_tree(root, source);
+  return root;
+}
+
 YAML::Node load_file(const fs::path& path) {
   MT_USER_CHECK(fs::exists(path), "config file {} does not exist", path.string());
-  try {
-    return YAML::LoadFile(path.string());
-  } catch (const YAML::Exception& e) {
-    throw UserError(fmt::format("config file {} is not valid YAML: {}", path.string(), e.what()));
+  std::error_code error;
+  const uintmax_t bytes = fs::file_size(path, error);
+  MT_USER_CHECK(!error, "config file {}: cannot read it: {}", path.string(), error.message());
+  MT_USER_CHECK(bytes <= kMaxYamlBytes, "config file {}: {} bytes, more than the {} a config may have", path.string(),
+                bytes, kMaxYamlBytes);
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  MT_USER_CHECK(!in.bad(), "config file {}: cannot read it", path.string());
+  return parse_yaml(text, "config file " + path.string());
+}
+
+// The `defaults:` list of `file`: one `<group>: <name>` pair per entry.
+std::vector<std::pair<std::string, std::string>> group_selections(const YAML::Node& defaults, const fs::path& file) {
+  MT_USER_CHECK(defaults.IsSequence(), "config file {}: `defaults:` must be a list of `- <group>: <name>` entries",
+                file.string());
+  std::vector<std::pair<std::string, std::string>> groups;
+  for (const auto& item : defaults) {
+    MT_USER_CHECK(item.IsMap(), "config file {}: `defaults:` entry '{}' is not `<group>: <name>`", file.string(),
+                  bounded_text(YAML::Dump(item), 60));
+    for (const auto& kv : item) {
+      MT_USER_CHECK(kv.first.IsScalar() && kv.second.IsScalar(),
+                    "config file {}: `defaults:` entry '{}' is not `<group>: <name>` (both plain names)",
+                    file.string(), bounded_text(YAML::Dump(item), 60));
+      groups.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+    }
   }
+  return groups;
 }
 
 std::vector<std::string> group_options(const fs::path& dir) {
@@ -142,11 +238,7 @@ std::vector<std::string> closest_keys(const std::string& key, const std::vector<
 
 Config Config::from_yaml(const std::string& text) {
   Config config;
-  try {
-    config.root_ = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw UserError(fmt::format("the config text is not valid YAML: {}", e.what()));
-  }
+  config.root_ = parse_yaml(text, "the config text");
   return config;
 }
 
@@ -157,8 +249,7 @@ Config Config::load(const fs::path& config_dir, const std::vector<std::string>& 
   // Group selections: the `defaults:` list, then `<group>=<name>` overrides.
   std::vector<std::pair<std::string, std::string>> groups;
   if (YAML::Node defaults = config.root_["defaults"]) {
-    for (const auto& item : defaults)
-      for (const auto& kv : item) groups.emplace_back(kv.first.as<std::string>(), kv.second.as<std::string>());
+    groups = group_selections(defaults, config_dir / "defaults.yaml");
     config.root_.remove("defaults");
   }
   std::vector<std::pair<std::string, std::string>> key_overrides;
@@ -250,19 +341,15 @@ void Config::set_from_text(const std::string& key, const std::string& value_text
     throw UserError(fmt::format("unknown config key '{}'{}", key,
                                 near.empty() ? "" : fmt::format("; did you mean: {}?", join(near, " or "))));
   }
-  YAML::Node value;
-  try {
-    value = YAML::Load(value_text);
-  } catch (const YAML::Exception& e) {
-    throw UserError(fmt::format("config key '{}': value '{}' is not valid YAML: {}", key, value_text, e.what()));
-  }
+  YAML::Node value =
+      parse_yaml(value_text, fmt::format("config key '{}': value '{}'", key, bounded_text(value_text, 60)));
   if (!value.IsDefined() || value_text.empty()) value = YAML::Node(YAML::NodeType::Null);
   const Kind expected = kind_of(current), got = kind_of(value);
   const bool ok = expected == Kind::null || got == expected || (expected == Kind::floating && got == Kind::integer) ||
                   (expected == Kind::string && got != Kind::list && got != Kind::map) ||
                   (got == Kind::null && expected != Kind::map);
-  MT_USER_CHECK(ok, "config key '{}': value '{}' is not {} (the default is '{}')", key, value_text,
-                kind_name(expected), YAML::Dump(current));
+  MT_USER_CHECK(ok, "config key '{}': value '{}' is not {} (the default is '{}')", key, bounded_text(value_text, 60),
+                kind_name(expected), bounded_text(YAML::Dump(current), 60));
   if (expected == Kind::string && got != Kind::null) value = YAML::Node(value_text);
   // Assign through the parent so the tree (not a detached handle) changes.
   auto parts = split_key(key);

@@ -2,6 +2,7 @@
 #include "meshtrain/runtime/host_runtime.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/runtime/compute_threads.hpp"
@@ -234,8 +235,11 @@ void HostRuntime::agree_on_job(const JobFacts& facts) {
     std::vector<JobFacts> all;
     std::vector<std::vector<int>> all_unseen;
     for (int h = 0; h < identity_.hosts; ++h) {
-      all.push_back(JobFacts::from_json(nlohmann::json::parse(to_string(store_->get(store_keys::facts(h))))));
-      all_unseen.push_back(nlohmann::json::parse(to_string(store_->get(store_keys::sees(h)))).get<std::vector<int>>());
+      all.push_back(JobFacts::from_json(
+          parse_json(to_string(store_->get(store_keys::facts(h))), fmt::format("host {}'s job facts", h))));
+      all_unseen.push_back(
+          parse_json(to_string(store_->get(store_keys::sees(h))), fmt::format("host {}'s shared-storage check", h))
+              .get<std::vector<int>>());
     }
     const std::string refusal = compare_job_facts(all, all_unseen);
     if (!refusal.empty()) abort_job(refusal, kExitUsage);
