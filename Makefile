@@ -92,7 +92,7 @@ test-tsan: build-tsan
 # they run under the mutation driver in `make test` and `make test-asan`.
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 30
-LIBFUZZER_TARGETS := token_shards tokenizer_json tiktoken config_yaml control_protocol
+LIBFUZZER_TARGETS := token_shards tokenizer_json tiktoken config_yaml control_protocol metrics_jsonl prepare_jsonl
 
 $(FUZZ_DIR)/build.ninja:
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_LIBFUZZER=ON \

@@ -259,6 +259,47 @@ def control_protocol():
     write("control_protocol", "huge_length.bin", b"\x01" + struct.pack("<I", 0xFFFFFFF0) + b"k")
 
 
+# ---- metrics.jsonl (what `meshtrain plot` and a resumed run read), prepare's JSONL, a Hugging Face config.json ----
+def run_outputs():
+    step = {"comm_bytes": {"allgather": 444544, "allreduce": 64}, "comm_s": 0.03, "compute_s": 0.07,
+            "data_wait_s": 1.5e-06, "epoch": 0, "grad_norm": 2.5, "loss": 5.59, "lr": 0.0006, "mfu": 0.016,
+            "step_time_s": 0.104, "tokens_per_s": 1226.0, "tokens_per_s_per_device": 613.0}
+    lines = [json.dumps(dict(step, step=k, loss=5.6 - 0.1 * k)) for k in range(1, 6)]
+    lines.insert(3, json.dumps({"step": 3, "eval_loss": 5.2, "eval_tokens": 4096, "eval_s": 0.2}))
+    write("metrics_jsonl", "run.jsonl", "\n".join(lines) + "\n")
+    write("metrics_jsonl", "torn_last_line.jsonl", "\n".join(lines[:2]) + "\n" + lines[2][:40])
+    write("metrics_jsonl", "wrong_types.jsonl", json.dumps(dict(step, step="1", loss=None, comm_bytes=[1])) + "\n")
+    write("metrics_jsonl", "huge_numbers.jsonl", json.dumps(dict(step, step=2 ** 63, loss=1e308, step_time_s=-1)) + "\n")
+
+    documents = [{"text": "Call me Ishmael."}, {"text": "Some years ago\u2014never mind how long precisely", "id": 2},
+                 {"text": ""}]
+    write("prepare_jsonl", "documents.jsonl", "".join(json.dumps(d) + "\n" for d in documents))
+    write("prepare_jsonl", "bad_lines.jsonl", '{"text": "ok"}\n[1, 2]\n{"text": 7}\n{"other": "x"}\nnot json\n')
+    write("prepare_jsonl", "invalid_utf8.jsonl", b'{"text": "caf\xc3"}\n{"text": "\xff\xfe"}\n')
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+              "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 2048, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
+              "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32"}
+    write("hf_config", "llama_tiny.json", json.dumps(config, indent=2))
+    write("hf_config", "llama3_rope.json", json.dumps(dict(config, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}, eos_token_id=[1, 2])))
+    write("hf_config", "mixtral.json", json.dumps(dict(config, model_type="mixtral", num_local_experts=4,
+                                                      num_experts_per_tok=2, router_aux_loss_coef=0.02)))
+    # Past bugs (issue 34): a float where an integer belongs was read as -2^63; a huge model allocated before any check.
+    write("hf_config", "vocab_1e30.json", json.dumps(dict(config, vocab_size=1e30)))
+    write("hf_config", "huge_model.json", json.dumps(dict(config, hidden_size=16384, intermediate_size=65536)))
+    write("hf_config", "wrong_types.json", json.dumps(dict(config, num_hidden_layers="2", rope_theta=[1])))
+    # Found by fuzz_hf_config: the default head_dim divided INT64_MIN by -1 (SIGFPE).
+    write("hf_config", "heads_minus_one.json", json.dumps(dict(config, hidden_size=-2 ** 63, num_attention_heads=-1)))
+    # Found by fuzz_metrics_jsonl: one line at a step of 9.2e15 made the axis ticks loop for ever.
+    write("metrics_jsonl", "huge_step.jsonl", json.dumps(dict(step, step=9223372036854778, loss=1e308)) + "\n")
+    write("hf_config", "nested.json", with_deep_value(json.dumps(dict(config, rope_scaling=DEEP_MARK))))
+    write("metrics_jsonl", "nested.jsonl", lines[0] + "\n" + with_deep_value(json.dumps(dict(step, lr=DEEP_MARK))))
+    write("prepare_jsonl", "nested.jsonl", with_deep_value(json.dumps({"text": "a", "meta": DEEP_MARK})) + "\n")
+
+
 # ---- values nested deeper than any reader accepts (issue 34: a value nested 100,000 levels deep crashed every JSON
 # reader: its error message dumped the value with nlohmann's recursive dump, and the stack overflowed) ----
 DEEP_LEVELS = 50000  # 100 KB of brackets; the readers stop at json_read.hpp's kMaxJsonDepth (64)
@@ -297,6 +338,7 @@ if __name__ == "__main__":
     safetensors()
     checkpoint_files()
     control_protocol()
+    run_outputs()
     deep_nesting()
     for reader in sorted(os.listdir(CORPUS)):
         sizes = [os.path.getsize(os.path.join(CORPUS, reader, f)) for f in os.listdir(os.path.join(CORPUS, reader))]

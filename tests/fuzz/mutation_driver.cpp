@@ -83,9 +83,17 @@ extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribu
 void on_sanitizer_death() { save_current_input("sanitizer report"); }
 
 void install_crash_handlers() {
+  // The handlers run on a stack of their own: a stack overflow (deep recursion on a nested input) leaves no room on
+  // the thread's stack to save the input that caused it.
+  static std::vector<char> signal_stack(1 << 16);
+  stack_t alternate{};
+  alternate.ss_sp = signal_stack.data();
+  alternate.ss_size = signal_stack.size();
+  ::sigaltstack(&alternate, nullptr);
   for (int s : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL, SIGALRM}) {
     struct sigaction action {};
     action.sa_handler = on_fatal_signal;
+    action.sa_flags = SA_ONSTACK;
     sigemptyset(&action.sa_mask);
     ::sigaction(s, &action, nullptr);
   }

@@ -3,6 +3,7 @@
 // (overflowing shapes, marker and index file names outside the directory).
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/checksum.hpp"
+#include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/safetensors.hpp"
 
@@ -239,6 +240,46 @@ TEST_F(CheckpointTest, ArchitectureMismatchNamesTheKey) {
   LlamaForCausalLM different(other);
   std::string message = user_error([&] { load_hf_checkpoint(dir_, different); });
   EXPECT_NE(message.find("num_key_value_heads"), std::string::npos) << message;
+}
+
+// Issue 34: a config.json of a huge model beside tiny weight files allocated the whole model before the weights were
+// compared with it; wrong types and out-of-range numbers were misreported.
+TEST_F(CheckpointTest, AHugeConfigIsRefusedBeforeAnythingIsAllocated) {
+  LlamaConfig config = small_config();
+  LlamaForCausalLM model(config);
+  initialize_parameters(model, 3);
+  save_hf_checkpoint(dir_, model);
+  fs::remove(dir_ / kCompletionMarker);  // as a Hugging Face download: config.json may be edited
+  nlohmann::json huge = config.to_hf_json("float32");
+  huge["hidden_size"] = 16384;
+  huge["intermediate_size"] = 65536;
+  huge["head_dim"] = 16384 / huge["num_attention_heads"].get<int64_t>();
+  std::ofstream(dir_ / "config.json") << huge.dump();
+  const int64_t resident_before = peak_resident_bytes();
+  std::string message = user_error([&] { load_hf_model(dir_); });
+  EXPECT_NE(message.find("has shape"), std::string::npos) << message;
+  // The model it describes would take tens of GB; nothing close to that was touched.
+  EXPECT_LT(peak_resident_bytes() - resident_before, int64_t{256} << 20);
+
+  huge = config.to_hf_json("float32");
+  huge["vocab_size"] = 1e30;
+  std::ofstream(dir_ / "config.json") << huge.dump();
+  message = user_error([&] { load_hf_model(dir_); });
+  EXPECT_NE(message.find("config.json: key 'vocab_size' must be an integer, got 1e+30"), std::string::npos) << message;
+  huge["vocab_size"] = int64_t{1} << 40;
+  std::ofstream(dir_ / "config.json") << huge.dump();
+  message = user_error([&] { load_hf_model(dir_); });
+  EXPECT_NE(message.find("vocab_size is 1099511627776, more than the 4194304 meshtrain accepts"), std::string::npos)
+      << message;
+  huge["vocab_size"] = "many";
+  std::ofstream(dir_ / "config.json") << huge.dump();
+  message = user_error([&] { load_hf_model(dir_); });
+  EXPECT_NE(message.find("config.json: key 'vocab_size' must be an integer, got \"many\""), std::string::npos)
+      << message;
+
+  std::ofstream(dir_ / "config.json") << config.to_hf_json("float32").dump();
+  const std::unique_ptr<LlamaForCausalLM> loaded = load_hf_model(dir_);
+  expect_same_parameters(model, *loaded);
 }
 
 TEST_F(CheckpointTest, HuggingFaceDirectoryWithoutMarkerLoads) {

@@ -63,8 +63,8 @@ int generate_command(int argc, char** argv) {
   const std::shared_ptr<const tokenizer::Tokenizer> tok = checkpoint_tokenizer(checkpoint, tokenizer_name);
   const std::vector<int64_t> prompt_ids = prompt_token_ids(tokens_text, prompt, "--prompt", tok.get(), checkpoint);
 
-  model::LlamaForCausalLM llama(model::read_hf_config(checkpoint));
-  model::load_hf_checkpoint(checkpoint, llama);
+  const std::unique_ptr<model::LlamaForCausalLM> loaded = model::load_hf_model(checkpoint);
+  model::LlamaForCausalLM& llama = *loaded;
   const auto start = std::chrono::steady_clock::now();
   const std::vector<int64_t> generated = model::generate(llama, prompt_ids, max_new_tokens, sampling);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -57,8 +57,8 @@ int score_command(int argc, char** argv) {
   MT_USER_CHECK(ids.size() >= 2, "scoring needs at least 2 tokens (each is predicted from those before it), got {}",
                 ids.size());
 
-  model::LlamaForCausalLM llama(model::read_hf_config(checkpoint));
-  model::load_hf_checkpoint(checkpoint, llama);
+  const std::unique_ptr<model::LlamaForCausalLM> loaded = model::load_hf_model(checkpoint);
+  model::LlamaForCausalLM& llama = *loaded;
   const int64_t vocab = llama.config().vocab_size;
   for (int64_t id : ids) MT_USER_CHECK(id < vocab, "token id {} is outside the model's vocabulary of {}", id, vocab);
 

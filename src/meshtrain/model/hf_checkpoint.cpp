@@ -5,6 +5,7 @@
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/file_names.hpp"
+#include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/safetensors.hpp"
@@ -323,9 +324,9 @@ SliceSource CheckpointTensors::source(const std::string& suffix) const {
   return [this, suffix](const ParameterSlice& slice) { return read(slice, suffix); };
 }
 
-void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
-  const CheckpointTensors tensors =
-      CheckpointTensors::weights(dir, model.config(), CheckpointTensors::Verify::against_marker);
+namespace {
+
+void copy_weights(const fs::path& dir, const CheckpointTensors& tensors, LlamaForCausalLM& model) {
   torch::NoGradGuard no_grad;
   auto params = model.named_parameters();
   for (auto& named : params) {
@@ -333,6 +334,26 @@ void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
     p.copy_(tensors.read(ParameterSlice::whole(named.key(), p.sizes().vec())).view(p.sizes()));
   }
   log::info("loaded checkpoint {} ({} tensors)", dir.string(), params.size());
+}
+
+}  // namespace
+
+void load_hf_checkpoint(const fs::path& dir, LlamaForCausalLM& model) {
+  copy_weights(dir, CheckpointTensors::weights(dir, model.config(), CheckpointTensors::Verify::against_marker), model);
+}
+
+std::unique_ptr<LlamaForCausalLM> load_hf_model(const fs::path& dir) {
+  const LlamaConfig config = read_hf_config(dir);
+  const CheckpointTensors tensors = CheckpointTensors::weights(dir, config, CheckpointTensors::Verify::against_marker);
+  const int64_t bytes = config.parameter_count() * static_cast<int64_t>(sizeof(float));
+  const MemoryAvailable available = available_memory();
+  MT_USER_CHECK(bytes <= available.bytes,
+                "{}: the model has {} parameters, {} in fp32, more than this host can still allocate ({}, {})",
+                (dir / kConfigFile).string(), config.parameter_count(), gigabytes(bytes), gigabytes(available.bytes),
+                available.source);
+  auto model = std::make_unique<LlamaForCausalLM>(config);
+  copy_weights(dir, tensors, *model);
+  return model;
 }
 
 }  // namespace meshtrain::model

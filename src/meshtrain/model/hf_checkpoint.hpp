@@ -18,6 +18,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -93,5 +94,9 @@ LlamaConfig read_hf_config(const std::filesystem::path& dir);
 // Loads every parameter of `model` whole from `dir` (CheckpointTensors::weights, verified against the marker;
 // stored dtype converted). For one device; a mesh reads its pieces through CheckpointTensors itself.
 void load_hf_checkpoint(const std::filesystem::path& dir, LlamaForCausalLM& model);
+// The model in `dir` with its weights, for one device: config.json is checked against the weight files' headers
+// (every parameter present, with the model's shape) and the model's fp32 size against the memory this host can still
+// allocate before any parameter exists. UserError naming the file otherwise.
+std::unique_ptr<LlamaForCausalLM> load_hf_model(const std::filesystem::path& dir);
 
 }  // namespace meshtrain::model

@@ -4,6 +4,10 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/json_read.hpp"
 
+#include <limits>
+#include <tuple>
+#include <type_traits>
+
 namespace meshtrain::model {
 namespace {
 
@@ -12,10 +16,21 @@ bool present(const config::Config& config, const std::string& key) {
   return config.has(key) && !config.node(key).IsNull();
 }
 
+// `value` as an int64_t: a JSON integer within int64_t's range (1e30 or 4.5 is not one: nlohmann would convert it
+// silently, and wrongly).
+int64_t json_integer(const nlohmann::json& value, const char* key, const std::string& source) {
+  MT_USER_CHECK(value.is_number_integer() &&
+                    !(value.is_number_unsigned() &&
+                      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())),
+                "{}: key '{}' must be an integer, got {}", source, key, json_excerpt(value));
+  return value.get<int64_t>();
+}
+
 template <typename T>
 T json_or(const nlohmann::json& json, const char* key, T fallback, const std::string& source) {
   auto it = json.find(key);
   if (it == json.end() || it->is_null()) return fallback;
+  if constexpr (std::is_same_v<T, int64_t>) return json_integer(*it, key, source);
   try {
     return it->get<T>();
   } catch (const nlohmann::json::exception&) {
@@ -33,10 +48,8 @@ T json_required(const nlohmann::json& json, const char* key, const std::string& 
 int64_t token_id(const nlohmann::json& json, const char* key, const std::string& source) {
   auto it = json.find(key);
   if (it == json.end() || it->is_null()) return 0;
-  if (it->is_array() && !it->empty()) return (*it)[0].get<int64_t>();
-  MT_USER_CHECK(it->is_number_integer(), "{}: key '{}' must be a token id or a list of them, got {}", source, key,
-                json_excerpt(*it));
-  return it->get<int64_t>();
+  if (it->is_array() && !it->empty()) return json_integer((*it)[0], key, source);
+  return json_integer(*it, key, source);
 }
 
 }  // namespace
@@ -97,7 +110,7 @@ LlamaConfig LlamaConfig::from_hf_json(const nlohmann::json& json, const std::str
   c.num_hidden_layers = json_required<int64_t>(json, "num_hidden_layers", source);
   c.num_attention_heads = json_required<int64_t>(json, "num_attention_heads", source);
   c.num_key_value_heads = json_or<int64_t>(json, "num_key_value_heads", c.num_attention_heads, source);
-  c.head_dim = json_or<int64_t>(json, "head_dim", c.num_attention_heads ? c.hidden_size / c.num_attention_heads : 0,
+  c.head_dim = json_or<int64_t>(json, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0,
                                 source);
   c.max_position_embeddings = json_or<int64_t>(json, "max_position_embeddings", c.max_position_embeddings, source);
   c.rms_norm_eps = json_or<double>(json, "rms_norm_eps", c.rms_norm_eps, source);
@@ -179,6 +192,19 @@ nlohmann::json LlamaConfig::to_hf_json(const std::string& torch_dtype) const {
 }
 
 void LlamaConfig::validate(const std::string& source) const {
+  // Bounds far above any published Llama (405B: hidden 16384, intermediate 53248, 126 layers, vocab 128256), so that
+  // the counts derived from them cannot overflow.
+  constexpr int64_t kMaxDimension = int64_t{1} << 22, kMaxLayers = 4096, kMaxExperts = 4096;
+  for (const auto& [name, value, max] : {std::tuple{"vocab_size", vocab_size, kMaxDimension},
+                                         std::tuple{"hidden_size", hidden_size, kMaxDimension},
+                                         std::tuple{"intermediate_size", intermediate_size, kMaxDimension},
+                                         std::tuple{"num_hidden_layers", num_hidden_layers, kMaxLayers},
+                                         std::tuple{"num_attention_heads", num_attention_heads, kMaxDimension},
+                                         std::tuple{"num_key_value_heads", num_key_value_heads, kMaxDimension},
+                                         std::tuple{"head_dim", head_dim, kMaxDimension},
+                                         std::tuple{"max_position_embeddings", max_position_embeddings, kMaxDimension},
+                                         std::tuple{"num_local_experts", num_local_experts, kMaxExperts}})
+    MT_USER_CHECK(value <= max, "{}: {} is {}, more than the {} meshtrain accepts", source, name, value, max);
   MT_USER_CHECK(vocab_size > 0, "{}: vocab_size must be positive, got {}", source, vocab_size);
   MT_USER_CHECK(hidden_size > 0, "{}: hidden_size must be positive, got {}", source, hidden_size);
   MT_USER_CHECK(intermediate_size > 0, "{}: intermediate_size must be positive, got {}", source, intermediate_size);

@@ -52,8 +52,12 @@ std::string escape_xml(const std::string& text) {
 }
 
 // Round tick values covering [low, high]: steps of 1, 2 or 5 x 10^k, about `count` of them.
+// None when the range is not finite; never more than 2 x count + 2 (a step below the precision of huge values would
+// otherwise never advance).
 std::vector<double> ticks(double low, double high, int count) {
-  if (!(high > low)) high = low + 1;
+  std::vector<double> out;
+  if (!std::isfinite(low) || !std::isfinite(high)) return out;
+  if (!(high > low)) high = low + std::max(1.0, std::abs(low) * 1e-6);
   const double raw = (high - low) / count, magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   double step = magnitude;
   for (double m : {1.0, 2.0, 5.0, 10.0})
@@ -61,8 +65,10 @@ std::vector<double> ticks(double low, double high, int count) {
       step = m * magnitude;
       break;
     }
-  std::vector<double> out;
-  for (double v = std::ceil(low / step) * step; v <= high + step * 1e-9; v += step) out.push_back(v);
+  if (!(step > 0) || !std::isfinite(step)) return out;
+  const size_t most = static_cast<size_t>(2 * count + 2);
+  for (double v = std::ceil(low / step) * step; v <= high + step * 1e-9 && out.size() < most; v += step)
+    out.push_back(v);
   return out;
 }
 
