@@ -167,11 +167,15 @@ TEST_F(CheckpointTest, TruncatedWeightsAreRefusedNamingFileAndCheck) {
 
 TEST_F(CheckpointTest, FlippedByteFailsTheChecksum) {
   LlamaForCausalLM model(small_config());
+  initialize_parameters(model, 5);
   save_hf_checkpoint(dir_, model);
   {
+    // Every bit of the byte flipped (writing a fixed value failed now and then: the byte could already hold it).
     std::fstream f(dir_ / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    const char byte = static_cast<char>(f.get());
     f.seekp(-3, std::ios::end);
-    f.put('\x7f');
+    f.put(static_cast<char>(~byte));
   }
   std::string message = user_error([&] { load_hf_checkpoint(dir_, model); });
   EXPECT_NE(message.find("model.safetensors: checksum check failed"), std::string::npos) << message;
