@@ -132,6 +132,10 @@ TEST_F(ConfigTest, HostileYamlIsRefusedNamingTheFileAndTheLimit) {
   const std::string huge_value = refused("hidden_size: " + std::string(100000, '7') + "\n");
   EXPECT_NE(huge_value.find("more than the 65536"), std::string::npos) << huge_value;
   EXPECT_LT(huge_value.size(), 400u) << "the message quotes the value whole";
+  // A 50,000-byte key: its "closest known keys" took minutes of edit distances.
+  const std::string long_key = refused("? " + std::string(50000, 'k') + "\n: 1\n");  // an explicit key: any length
+  EXPECT_NE(long_key.find("a key of 50000 bytes"), std::string::npos) << long_key.substr(0, 300);
+  EXPECT_NE(error_of({std::string(50000, 'k') + "=1"}).find("unknown config key"), std::string::npos);
 
   write("defaults.yaml", "defaults:\n  - model: [small, big]\nseed: 42\n");
   const std::string defaults = error_of({});

@@ -168,6 +168,8 @@ def configs():
     write("config_yaml", "alias_bomb.yaml", bomb)
     write("config_yaml", "nested_flow.yaml", "x: " + "[" * 100000 + "]" * 100000 + "\n")
     write("config_yaml", "defaults_not_scalar.yaml", "defaults:\n  - model: [a, b]\n  - {x: {y: z}}\nseed: 1\n")
+    # Found by the mutation driver: a 50,000-byte key made the "closest known keys" edit distances run for minutes.
+    write("config_yaml", "long_key.yaml", "model:\n  name: llama-tiny\n  layers: [1, 2, 3]\nici_me" + "]" * 50000 + "\n")
 
 
 # ---- safetensors ----

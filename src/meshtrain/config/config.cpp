@@ -20,6 +20,8 @@ namespace {
 // nest 3 levels.
 constexpr size_t kMaxYamlBytes = 1 << 20;
 constexpr size_t kMaxYamlValueBytes = 64 << 10;
+constexpr size_t kMaxYamlKeyBytes = 256;
+constexpr size_t kMaxDottedKeyBytes = 1024;  // a whole dotted key, as closest_keys compares them
 constexpr int kMaxYamlDepth = 32;
 constexpr size_t kMaxYamlNodes = 100000;
 
@@ -145,6 +147,9 @@ void check_tree(const YAML::Node& root, const std::string& source) {
       for (const auto& item : node) pending.emplace_back(item, depth + 1);
     } else if (node.IsMap()) {
       for (const auto& kv : node) {
+        MT_USER_CHECK(!kv.first.IsScalar() || kv.first.Scalar().size() <= kMaxYamlKeyBytes,
+                      "{}: a key of {} bytes ('{}'), more than the {} a config key may have", source,
+                      kv.first.Scalar().size(), bounded_text(kv.first.Scalar(), 40), kMaxYamlKeyBytes);
         pending.emplace_back(kv.first, depth + 1);
         pending.emplace_back(kv.second, depth + 1);
       }
@@ -222,8 +227,11 @@ fs::path default_config_dir() {
 
 std::vector<std::string> closest_keys(const std::string& key, const std::vector<std::string>& known, size_t max) {
   std::vector<std::pair<size_t, std::string>> scored;
+  // Edit distances cost length x length: no suggestion for a key no config could hold.
+  if (key.size() > kMaxDottedKeyBytes) return {};
   const std::string tail = last_component(key);
   for (const std::string& k : known) {
+    if (k.size() > kMaxDottedKeyBytes) continue;
     size_t full = edit_distance(key, k);
     size_t part = edit_distance(tail, last_component(k));
     size_t score = std::min(full, part + 1);

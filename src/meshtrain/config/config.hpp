@@ -8,8 +8,9 @@
 // closest known keys; a value of the wrong type names the key, the value and the expected type.
 //
 // Every YAML text (files, saved configs, override values) is checked before it is used: at most 1 MiB, values of at
-// most 64 KiB, nesting at most 32 levels, at most 100,000 values once aliases are expanded; a `defaults:` entry must
-// be `<group>: <name>`. Anything else is a UserError naming the file (or key) and the limit.
+// most 64 KiB, keys of at most 256 bytes, nesting at most 32 levels, at most 100,000 values once aliases are
+// expanded; a `defaults:` entry must be `<group>: <name>`. Anything else is a UserError naming the file (or key) and
+// the limit.
 //
 // A Config is a yaml-cpp tree, and yaml-cpp nodes are not safe to read from several threads at once, even through
 // const (jbeder/yaml-cpp #419, #1350). Read it on the main thread only: each part resolves what it needs into plain
