@@ -9,6 +9,7 @@
 #include "meshtrain/sharding/spec.hpp"
 
 #include "simulated_devices.hpp"
+#include "tiny_llama.hpp"
 
 #include <gtest/gtest.h>
 
@@ -23,33 +24,15 @@ using mesh::Axis;
 using testing::axis_sizes;
 using testing::expect_no_failures;
 using testing::run_on_all_devices;
+using testing::tiny_llama_config;
 
 constexpr int64_t kRows = 8, kSeq = 12;
-
-model::LlamaConfig tiny_config(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
-  model::LlamaConfig c;
-  c.vocab_size = vocab_size;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000;
-  c.tie_word_embeddings = tied;
-  if (moe) {  // a large coefficient, so that a wrong load-balancing gradient shows in every router's gradient
-    c.num_local_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.router_aux_loss_coef = 0.5;
-  }
-  return c;
-}
 
 constexpr uint64_t kSeed = 7;
 
 // The whole model, initialized on one device.
 std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
-  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe, vocab_size));
+  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_llama_config(tied, moe, vocab_size));
   model::initialize_parameters(*m, kSeed);
   return m;
 }
@@ -57,8 +40,9 @@ std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe
 // A device's model on a mesh: built unwritten, each device initializing only its pieces.
 ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options = {}, bool tied = false,
                             bool moe = false, int64_t vocab_size = 40) {
-  return ParallelModel(std::make_shared<model::LlamaForCausalLM>(tiny_config(tied, moe, vocab_size)), ctx, options,
-                       model::initial_value_source(tiny_config(tied, moe, vocab_size), kSeed));
+  const model::LlamaConfig config = tiny_llama_config(tied, moe, vocab_size);
+  return ParallelModel(std::make_shared<model::LlamaForCausalLM>(config), ctx, options,
+                       model::initial_value_source(config, kSeed));
 }
 
 // Puts the parts assemble_whole_tensors() hands over into whole tensors in `whole` (under `mutex`), checking that
@@ -226,7 +210,7 @@ TEST(ParallelModelTest, FsdpShardsShrinkWithTheDegree) {
       shard_elements[fsdp] = n;
     }));
   }
-  const int64_t total = tiny_config().parameter_count();
+  const int64_t total = tiny_llama_config().parameter_count();
   EXPECT_EQ(shard_elements[1], total);
   EXPECT_LE(shard_elements[2], total / 2 + 8);
   EXPECT_LE(shard_elements[4], total / 4 + 16);
@@ -281,7 +265,7 @@ TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
   std::vector<int64_t> sent_bytes;
   reassembled_on(ici(1, 4, 1), saved, false, sent_bytes);
   // Each piece crossed the network once at most: the model's bytes, less the pieces each owner held itself.
-  const int64_t model_bytes = tiny_config().parameter_count() * static_cast<int64_t>(sizeof(float));
+  const int64_t model_bytes = tiny_llama_config().parameter_count() * static_cast<int64_t>(sizeof(float));
   const int64_t total_sent = sent_bytes[0] + sent_bytes[1] + sent_bytes[2] + sent_bytes[3];
   EXPECT_GT(total_sent, model_bytes / 2);
   EXPECT_LT(total_sent, model_bytes);

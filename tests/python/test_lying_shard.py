@@ -10,22 +10,17 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
 from training_runs import BASE, BINARY
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz"))
+from make_corpus import crc32c  # noqa: E402 (the shard format's checksum, as the fuzz seeds compute it)
+
 TEXT = ("Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse, "
         "and nothing particular to interest me on shore, I thought I would sail about a little.\n") * 40
-
-
-def crc32c(data, crc=0):
-    crc ^= 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
 
 
 def plant_id(shard_dir, position, token_id):

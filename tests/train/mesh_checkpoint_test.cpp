@@ -10,6 +10,7 @@
 
 #include "scratch_dir.hpp"
 #include "simulated_devices.hpp"
+#include "tiny_llama.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,18 +21,7 @@ namespace fs = std::filesystem;
 namespace meshtrain::train {
 namespace {
 
-model::LlamaConfig saved_model_config() {
-  model::LlamaConfig c;
-  c.vocab_size = 40;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.rope_theta = 10000;
-  return c;
-}
+using testing::tiny_llama_config;
 
 mesh::Mesh fsdp_mesh(int devices) {
   return mesh::Mesh::create(testing::axis_sizes(1, devices, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, devices);
@@ -40,8 +30,8 @@ mesh::Mesh fsdp_mesh(int devices) {
 // One device's model and optimizer, its moments filled with `moment`.
 struct DeviceState {
   DeviceState(runtime::DeviceContext& ctx, float moment)
-      : model(std::make_shared<model::LlamaForCausalLM>(saved_model_config()), ctx, parallel::ParallelOptions{},
-              model::initial_value_source(saved_model_config(), 3)),
+      : model(std::make_shared<model::LlamaForCausalLM>(tiny_llama_config()), ctx, parallel::ParallelOptions{},
+              model::initial_value_source(tiny_llama_config(), 3)),
         optimizer(AdamWOptions{}, model.parameter_shards()) {
     for (auto* moments : {&optimizer.exp_avg(), &optimizer.exp_avg_sq()})
       for (at::Tensor& m : *moments) m.fill_(moment);
@@ -116,7 +106,7 @@ TEST_F(MeshCheckpointTest, LoadsReadOnlyTheFilesTheMarkerLists) {
   expect_loaded_moments(one, 1.0f);
   model::verify_checkpoint_files(one);
   testing::expect_no_failures(testing::run_on_all_devices(fsdp_mesh(1), [&](runtime::DeviceContext&) {
-    model::CheckpointTensors::weights(one, saved_model_config(), model::CheckpointTensors::Verify::against_marker);
+    model::CheckpointTensors::weights(one, tiny_llama_config(), model::CheckpointTensors::Verify::against_marker);
   }));
 }
 
