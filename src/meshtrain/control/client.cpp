@@ -16,10 +16,6 @@
 namespace meshtrain::control {
 namespace {
 
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
 // One connection attempt to every address `address` resolves to; -1 with `error` set if none accepted.
 int try_connect(const std::string& address, int port, std::string& error) {
   addrinfo hints{};

@@ -219,6 +219,10 @@ Digest to_digest(const std::string& bytes) {
   return digest;
 }
 
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
 void write_frame(int fd, const std::string& payload, Clock::time_point deadline) {
   std::string frame;
   put_u32(frame, static_cast<uint32_t>(payload.size()));

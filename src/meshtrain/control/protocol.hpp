@@ -100,6 +100,9 @@ Digest to_digest(const std::string& bytes);  // ProtocolError unless 32 bytes
 // --- blocking socket I/O with deadlines ------------------------------------------------------------------------------
 using Clock = std::chrono::steady_clock;
 
+// A timeout given in seconds (a config value, an option) as milliseconds.
+std::chrono::milliseconds to_ms(double seconds);
+
 // Writes all of `payload` as one frame. ProtocolError if the peer closed or `deadline` passed.
 void write_frame(int fd, const std::string& payload, Clock::time_point deadline);
 // Reads one frame. The first byte may take until `first_byte_deadline` (nullopt: no limit); the rest must arrive

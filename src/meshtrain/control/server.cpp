@@ -16,10 +16,6 @@
 namespace meshtrain::control {
 namespace {
 
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
 // Listens on the first address `address` resolves to that this host can bind. UserError if none.
 int listen_on(const std::string& address, int port, int* bound_port) {
   addrinfo hints{};

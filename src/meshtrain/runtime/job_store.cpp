@@ -19,10 +19,6 @@ std::string facts(int host) { return fmt::format("meshtrain/facts/{}", host); }
 std::string sees(int host) { return fmt::format("meshtrain/sees/{}", host); }
 }  // namespace store_keys
 
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
 std::string to_string(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 std::vector<uint8_t> to_bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "meshtrain/control/client.hpp"
+#include "meshtrain/control/protocol.hpp"
 #include "meshtrain/control/server.hpp"
 #include "meshtrain/runtime/host_identity.hpp"
 
@@ -41,7 +42,7 @@ std::string facts(int host);
 std::string sees(int host);
 }  // namespace store_keys
 
-std::chrono::milliseconds to_ms(double seconds);
+using control::to_ms;  // control/protocol.hpp
 std::string to_string(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> to_bytes(const std::string& text);
 

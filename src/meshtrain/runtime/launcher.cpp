@@ -2,6 +2,7 @@
 #include "meshtrain/runtime/launcher.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/control/protocol.hpp"
 #include "meshtrain/control/secret.hpp"
 
 #include <fcntl.h>
@@ -189,8 +190,7 @@ int launch_local(const LocalLaunch& launch) {
         }
       }
     }
-    const bool grace_over = first_failure != 0 && Clock::now() - failure_time >
-                                                     std::chrono::milliseconds(int64_t(launch.kill_grace_s * 1000));
+    const bool grace_over = first_failure != 0 && Clock::now() - failure_time > control::to_ms(launch.kill_grace_s);
     if (g_stop_signals >= 1 && !passed_on) {
       passed_on = true;
       write_all(STDERR_FILENO, "[meshtrain run] stop signal: every host saves a checkpoint after its current step and "
