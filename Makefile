@@ -87,12 +87,12 @@ test-tsan: build-tsan
 	cd $(TSAN_DIR) && env $(TSAN_ENV) ctest --output-on-failure -j $(JOBS) -R '^($(subst :,|,$(TSAN_FILTER)))'
 
 # Coverage-guided fuzzing: clang's libFuzzer with ASan and UBSan (build-fuzz), every meshtrain object instrumented,
-# FUZZ_SECONDS per target, starting from the committed corpora (tests/fuzz/corpus/<reader>/). The torch-free readers
-# only: the readers that need torch would need a second instrumented build of every torch source, with clang;
-# they run under the mutation driver in `make test` and `make test-asan`.
+# FUZZ_SECONDS per target, starting from the committed corpora (tests/fuzz/corpus/<reader>/). Every reader of
+# untrusted input is torch-free (meshtrain_core), so this build compiles no torch source.
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 30
-LIBFUZZER_TARGETS := token_shards tokenizer_json tiktoken config_yaml control_protocol metrics_jsonl prepare_jsonl
+LIBFUZZER_TARGETS := token_shards tokenizer_json tiktoken config_yaml control_protocol metrics_jsonl prepare_jsonl \
+  safetensors safetensors_index checkpoint_marker training_state hf_config
 
 $(FUZZ_DIR)/build.ninja:
 	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_LIBFUZZER=ON \

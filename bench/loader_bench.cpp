@@ -22,7 +22,7 @@
 #include "meshtrain/data/host_loader.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh.hpp"
-#include "meshtrain/tokens/shard_writer.hpp"
+#include "meshtrain/token_shards/shard_writer.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -57,10 +57,10 @@ std::filesystem::path write_random_shard(uint64_t total) {
   char scratch[] = "/tmp/meshtrain-loader-bench-XXXXXX";
   MT_USER_CHECK(::mkdtemp(scratch) != nullptr, "cannot create a scratch folder under /tmp");
   const std::filesystem::path dir = scratch;
-  tokens::ShardIndex index;
+  token_shards::ShardIndex index;
   index.tokenizer = {"random", "byte", "random:65536", 65536, -1};
   index.token_bytes = 2;
-  tokens::ShardWriter writer(dir / "shard_00000.tok", 2, "random", "random:65536");
+  token_shards::ShardWriter writer(dir / "shard_00000.tok", 2, "random", "random:65536");
   std::vector<uint32_t> document(4096);
   uint64_t state = 0x9E3779B97F4A7C15ull;
   for (uint64_t done = 0; done < total; done += document.size()) {
@@ -74,7 +74,7 @@ std::filesystem::path write_random_shard(uint64_t total) {
   index.shards.push_back(writer.finish());
   index.total_tokens = index.shards.back().tokens;
   index.total_documents = index.shards.back().documents;
-  std::ofstream(dir / tokens::kIndexFileName) << tokens::index_to_json(index);
+  std::ofstream(dir / token_shards::kIndexFileName) << token_shards::index_to_json(index);
   return dir;
 }
 
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
              token_bytes, dataset->num_samples(), block_size, hosts, devices_per_host, rows, batches, runs);
 
   // memcpy: the same rows' token bytes, from the same mapping, offsets computed beforehand.
-  const tokens::ShardDirectory shards = tokens::ShardDirectory::open(dataset->path(), {"", tokens::PayloadCheck::never});
+  const token_shards::ShardDirectory shards = token_shards::ShardDirectory::open(dataset->path(), {"", token_shards::PayloadCheck::never});
   MT_USER_CHECK(shards.shards().size() == 1, "the memcpy baseline reads one shard; {} has {}",
                 dataset->path().string(), shards.shards().size());
   const uint8_t* stream = static_cast<const uint8_t*>(shards.shards()[0].tokens());

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   runtime::restart_with_passive_openmp_waits(threads, dtype);
   at::set_num_threads(threads);
 
-  model::LlamaConfig config = model::LlamaConfig::from_run_config(
+  config::LlamaConfig config = config::LlamaConfig::from_run_config(
       config::Config::load(config::default_config_dir(), {"model=" + model_name}));
   model::LlamaForCausalLM llama(config);
   model::initialize_parameters(llama, 0);

@@ -2,12 +2,12 @@
 // hidden 32, 4 query heads over 2 K/V heads; shapes that every test layout (fsdp, tensor, expert up to 4) divides.
 #pragma once
 
-#include "meshtrain/model/llama_config.hpp"
+#include "meshtrain/config/llama_config.hpp"
 
 namespace meshtrain::testing {
 
-inline model::LlamaConfig tiny_llama_config(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
-  model::LlamaConfig c;
+inline config::LlamaConfig tiny_llama_config(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
+  config::LlamaConfig c;
   c.vocab_size = vocab_size;
   c.hidden_size = 32;
   c.intermediate_size = 48;

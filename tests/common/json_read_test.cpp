@@ -6,8 +6,8 @@
 #include "meshtrain/common/json_read.hpp"
 #include "meshtrain/plots/metrics_svg.hpp"
 #include "meshtrain/tokenizer/tokenizer.hpp"
-#include "meshtrain/tokens/prepare.hpp"
-#include "meshtrain/tokens/shard_format.hpp"
+#include "meshtrain/token_shards/prepare.hpp"
+#include "meshtrain/token_shards/shard_format.hpp"
 
 #include "scratch_dir.hpp"
 
@@ -96,15 +96,15 @@ TEST_F(NestedReaderTest, EveryTorchFreeReaderRefusesADeepFile) {
 
   const fs::path index = scratch_.path() / "shards" / "index.json";
   const std::string index_text = "{\"format\": \"meshtrain-token-shards\", \"sources\": " + nested(100000) + "}";
-  EXPECT_NE(error_of([&] { tokens::index_from_json(index_text, index); }).find(index.string() + ": " + kTooDeep),
+  EXPECT_NE(error_of([&] { token_shards::index_from_json(index_text, index); }).find(index.string() + ": " + kTooDeep),
             std::string::npos);
 
   const fs::path jsonl = write("input/docs.jsonl", "{\"text\": \"a\"}\n{\"text\": " + nested(100000) + "}\n");
-  tokens::PrepareOptions options;
+  token_shards::PrepareOptions options;
   options.inputs = {jsonl};
   options.output_dir = scratch_.path() / "prepared";
   const std::string prepare_error =
-      error_of([&] { tokens::prepare_token_shards(*tokenizer::load_tokenizer("byte"), options); });
+      error_of([&] { token_shards::prepare_token_shards(*tokenizer::load_tokenizer("byte"), options); });
   EXPECT_NE(prepare_error.find(jsonl.string() + ":2: " + kTooDeep), std::string::npos) << prepare_error;
 
   write("run/metrics.jsonl", "{\"step\": 1, \"loss\": 5.0}\n{\"step\": " + nested(100000) + "}\n");

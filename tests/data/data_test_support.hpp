@@ -3,7 +3,7 @@
 #pragma once
 
 #include "meshtrain/config/config.hpp"
-#include "meshtrain/tokens/shard_writer.hpp"
+#include "meshtrain/token_shards/shard_writer.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -18,13 +18,13 @@ inline void write_counting_shards(const std::filesystem::path& dir, const std::v
                                   uint32_t token_bytes = 2, const std::string& fingerprint = "test:65536",
                                   uint32_t first_token = 0) {
   std::filesystem::create_directories(dir);
-  tokens::ShardIndex index;
+  token_shards::ShardIndex index;
   index.tokenizer = {"test", "byte", fingerprint, 65536, -1};
   index.token_bytes = token_bytes;
   uint32_t next = first_token;
   for (size_t s = 0; s < shard_tokens.size(); ++s) {
     const std::string file = "shard_0000" + std::to_string(s) + ".tok";
-    tokens::ShardWriter writer(dir / file, token_bytes, "test", fingerprint);
+    token_shards::ShardWriter writer(dir / file, token_bytes, "test", fingerprint);
     for (uint64_t done = 0; done < shard_tokens[s];) {
       std::vector<uint32_t> document(std::min<uint64_t>(37, shard_tokens[s] - done));
       for (uint32_t& id : document) id = next++;
@@ -35,7 +35,7 @@ inline void write_counting_shards(const std::filesystem::path& dir, const std::v
     index.total_tokens += index.shards.back().tokens;
     index.total_documents += index.shards.back().documents;
   }
-  std::ofstream(dir / tokens::kIndexFileName) << tokens::index_to_json(index);
+  std::ofstream(dir / token_shards::kIndexFileName) << token_shards::index_to_json(index);
 }
 
 // The shipped defaults with `overrides` on top.

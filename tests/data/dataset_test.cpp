@@ -3,7 +3,7 @@
 // the sample that holds the id, naming the shard, the sample and the id.
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/data/dataset.hpp"
-#include "meshtrain/tokens/shard_writer.hpp"
+#include "meshtrain/token_shards/shard_writer.hpp"
 
 #include "scratch_dir.hpp"
 
@@ -21,19 +21,19 @@ namespace {
 // id is vocab_size - 1.
 void write_lying_shard(const fs::path& dir, uint32_t token_bytes, uint32_t vocab_size, uint32_t bad_id) {
   fs::create_directories(dir);
-  tokens::ShardWriter writer(dir / "shard_00000.tok", token_bytes, "test", "test:lying");
+  token_shards::ShardWriter writer(dir / "shard_00000.tok", token_bytes, "test", "test:lying");
   std::vector<uint32_t> document(200);
   std::iota(document.begin(), document.end(), 0u);
   document[50] = bad_id;
   writer.append_document(document.data(), document.size());
-  tokens::ShardIndex index;
+  token_shards::ShardIndex index;
   index.tokenizer = {"test", "byte", "test:lying", vocab_size, -1};
   index.token_bytes = token_bytes;
   index.shards.push_back(writer.finish());
   index.shards.back().max_token = vocab_size - 1;  // the lie
   index.total_tokens = index.shards.back().tokens;
   index.total_documents = index.shards.back().documents;
-  std::ofstream(dir / tokens::kIndexFileName) << tokens::index_to_json(index);
+  std::ofstream(dir / token_shards::kIndexFileName) << token_shards::index_to_json(index);
 }
 
 TEST(TokenDatasetTest, AnIdBeyondTheVocabularyIsCaughtWhereItIsHandedOn) {
@@ -42,7 +42,7 @@ TEST(TokenDatasetTest, AnIdBeyondTheVocabularyIsCaughtWhereItIsHandedOn) {
        {std::tuple<uint32_t, uint32_t, uint32_t>{2, 256, 300}, {4, 256, 70000}, {4, 1000, 4000000000u}}) {
     const fs::path dir = scratch.path() / std::to_string(bad_id);
     write_lying_shard(dir, token_bytes, vocab_size, bad_id);
-    const TokenDataset dataset(dir, 8, tokens::PayloadCheck::on_first_read);
+    const TokenDataset dataset(dir, 8, token_shards::PayloadCheck::on_first_read);
     std::vector<int32_t> row(9);
     dataset.read_sample(5, row.data());  // tokens 40..48
     EXPECT_EQ(row[8], 48);
@@ -57,7 +57,7 @@ TEST(TokenDatasetTest, AnIdBeyondTheVocabularyIsCaughtWhereItIsHandedOn) {
                             (dir / "shard_00000.tok").string(), bad_id, vocab_size, vocab_size - 1));
     }
     // With checksums computed at open, the largest id is recomputed there and the index's is refused.
-    EXPECT_THROW(TokenDataset(dir, 8, tokens::PayloadCheck::at_open), UserError);
+    EXPECT_THROW(TokenDataset(dir, 8, token_shards::PayloadCheck::at_open), UserError);
   }
 }
 

@@ -16,7 +16,7 @@ TEST(PlanCommandTest, JsonDataMemberNamesTheSamplesAndRowsOfEveryHostAndDevice) 
                                          "ici_mesh.fsdp=4", "ici_mesh.tensor=2", "dataset.path=moby-dick-byte"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json data = json_line(r.output).at("data");
-  const data::TokenDataset dataset(data::TokenDataset::resolve("moby-dick-byte"), 256, tokens::PayloadCheck::never);
+  const data::TokenDataset dataset(data::TokenDataset::resolve("moby-dick-byte"), 256, token_shards::PayloadCheck::never);
   const data::GlobalSampler sampler(42, dataset.num_samples(), 8);
   EXPECT_EQ(data.at("epoch"), 0);
   EXPECT_EQ(data.at("step"), 3);
@@ -31,7 +31,7 @@ TEST(PlanCommandTest, JsonDataMemberNamesTheSamplesAndRowsOfEveryHostAndDevice) 
 }
 
 TEST(PlanCommandTest, TextShowsTheStepAcrossEpochs) {
-  const data::TokenDataset dataset(data::TokenDataset::resolve("moby-dick-byte"), 256, tokens::PayloadCheck::never);
+  const data::TokenDataset dataset(data::TokenDataset::resolve("moby-dick-byte"), 256, token_shards::PayloadCheck::never);
   const data::GlobalSampler sampler(42, dataset.num_samples(), 8);
   const int64_t step = sampler.batches_per_epoch() + 2;  // epoch 1, step 2
   const ProcessResult r = run_meshtrain({"plan", "--hosts", "2", "--devices-per-host", "4", "--step",

@@ -1,4 +1,4 @@
-// fuzz_token_shards.cpp — fuzzes the token-shard reader (tokens::ShardDirectory::open and the mapped shard access)
+// fuzz_token_shards.cpp — fuzzes the token-shard reader (token_shards::ShardDirectory::open and the mapped shard access)
 // with either kind of file it reads:
 //
 //   an input starting with "MTTOKENS" is a shard file: the harness writes it as shard_00000.tok, puts the right
@@ -17,8 +17,8 @@
 
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/tokens/shard_reader.hpp"
-#include "meshtrain/tokens/shard_writer.hpp"
+#include "meshtrain/token_shards/shard_reader.hpp"
+#include "meshtrain/token_shards/shard_writer.hpp"
 
 namespace fs = std::filesystem;
 using namespace meshtrain;
@@ -34,11 +34,11 @@ const fs::path& shards_for_indexes() {
     fs::path path = fuzz::scratch_dir() / "indexed";
     fs::create_directories(path);
     const std::vector<uint32_t> doc_a = {3, 10, 11, 12}, doc_b = {3, 65535}, doc_c = {3, 69999};
-    tokens::ShardWriter narrow(path / "shard_00000.tok", 2, "fuzz-tok", "crc32c:0000abcd:42");
+    token_shards::ShardWriter narrow(path / "shard_00000.tok", 2, "fuzz-tok", "crc32c:0000abcd:42");
     narrow.append_document(doc_a.data(), doc_a.size());
     narrow.append_document(doc_b.data(), doc_b.size());
     narrow.finish();
-    tokens::ShardWriter wide(path / "shard_00001.tok", 4, "fuzz-tok", "crc32c:0000abcd:42");
+    token_shards::ShardWriter wide(path / "shard_00001.tok", 4, "fuzz-tok", "crc32c:0000abcd:42");
     wide.append_document(doc_c.data(), doc_c.size());
     wide.finish();
     return path;
@@ -64,17 +64,17 @@ fs::path write_shard_directory(const uint8_t* data, size_t size) {
   const fs::path dir = fuzz::scratch_dir() / "shard";
   fs::create_directories(dir);
   std::vector<uint8_t> bytes(data, data + size);
-  tokens::ShardIndex index;
+  token_shards::ShardIndex index;
   index.tokenizer = {"fuzz-tok", "tiktoken", "crc32c:0000abcd:42", 70000, 3};
-  if (bytes.size() >= tokens::kShardHeaderBytes) {
-    const uint32_t payload_crc = crc32c(bytes.data() + tokens::kShardHeaderBytes, bytes.size() - tokens::kShardHeaderBytes);
+  if (bytes.size() >= token_shards::kShardHeaderBytes) {
+    const uint32_t payload_crc = crc32c(bytes.data() + token_shards::kShardHeaderBytes, bytes.size() - token_shards::kShardHeaderBytes);
     std::memcpy(bytes.data() + kOffPayloadCrc, &payload_crc, 4);
-    const uint32_t header_crc = crc32c(bytes.data(), tokens::kShardHeaderBytes - 4);
-    std::memcpy(bytes.data() + tokens::kShardHeaderBytes - 4, &header_crc, 4);
+    const uint32_t header_crc = crc32c(bytes.data(), token_shards::kShardHeaderBytes - 4);
+    std::memcpy(bytes.data() + token_shards::kShardHeaderBytes - 4, &header_crc, 4);
     index.tokenizer.name = text_field(bytes, kOffTokenizerName, 32);
     index.tokenizer.fingerprint = text_field(bytes, kOffTokenizerFingerprint, 64);
     index.token_bytes = field<uint32_t>(bytes, kOffTokenBytes);
-    tokens::ShardEntry entry{"shard_00000.tok", field<uint64_t>(bytes, kOffTokenCount),
+    token_shards::ShardEntry entry{"shard_00000.tok", field<uint64_t>(bytes, kOffTokenCount),
                              field<uint64_t>(bytes, kOffDocumentCount), bytes.size(), payload_crc, std::nullopt};
     index.total_tokens = entry.tokens;
     index.total_documents = entry.documents;
@@ -82,19 +82,19 @@ fs::path write_shard_directory(const uint8_t* data, size_t size) {
   }
   std::string index_text;
   try {
-    index_text = tokens::index_to_json(index);
+    index_text = token_shards::index_to_json(index);
   } catch (const nlohmann::json::type_error&) {  // the header's tokenizer name is not UTF-8: no index can name it
     return {};
   }
   fuzz::write_input(dir / "shard_00000.tok", bytes.data(), bytes.size());
-  fuzz::write_input(dir / tokens::kIndexFileName, index_text.data(), index_text.size());
+  fuzz::write_input(dir / token_shards::kIndexFileName, index_text.data(), index_text.size());
   return dir;
 }
 
 // Reads every token and document offset of every shard, as the data pipeline would.
-void read_everything(const tokens::ShardDirectory& directory) {
+void read_everything(const token_shards::ShardDirectory& directory) {
   std::vector<uint32_t> buffer;
-  for (const tokens::TokenShard& shard : directory.shards()) {
+  for (const token_shards::TokenShard& shard : directory.shards()) {
     buffer.resize(shard.token_count());
     shard.copy_tokens(0, shard.token_count(), buffer.data());
     const uint64_t* starts = shard.document_starts();
@@ -107,20 +107,20 @@ void read_everything(const tokens::ShardDirectory& directory) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const bool is_shard = size >= sizeof(tokens::kShardMagic) &&
-                        std::memcmp(data, tokens::kShardMagic, sizeof(tokens::kShardMagic)) == 0;
+  const bool is_shard = size >= sizeof(token_shards::kShardMagic) &&
+                        std::memcmp(data, token_shards::kShardMagic, sizeof(token_shards::kShardMagic)) == 0;
   fs::path dir;
   if (is_shard) {
     dir = write_shard_directory(data, size);
     if (dir.empty()) return 0;
   } else {
     dir = shards_for_indexes();
-    fuzz::write_input(dir / tokens::kIndexFileName, data, size);
+    fuzz::write_input(dir / token_shards::kIndexFileName, data, size);
   }
-  for (tokens::PayloadCheck check :
-       {tokens::PayloadCheck::never, tokens::PayloadCheck::on_first_read, tokens::PayloadCheck::at_open}) {
+  for (token_shards::PayloadCheck check :
+       {token_shards::PayloadCheck::never, token_shards::PayloadCheck::on_first_read, token_shards::PayloadCheck::at_open}) {
     try {
-      read_everything(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", check}));
+      read_everything(token_shards::ShardDirectory::open(dir, token_shards::OpenOptions{"", check}));
     } catch (const UserError&) {
     }
   }

@@ -213,7 +213,7 @@ TINY_LLAMA_TENSORS = [
 
 
 def checkpoint_files():
-    # fuzz_safetensors_index.cpp saves its tiny Llama one tensor per file, in parameter order.
+    # fuzz_safetensors_index.cpp writes its tiny Llama one tensor per file, in parameter order.
     count = len(TINY_LLAMA_TENSORS)
     weight_map = {name: f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i, name in enumerate(TINY_LLAMA_TENSORS)}
     write("safetensors_index", "valid.json",

@@ -1,8 +1,8 @@
 // hf_checkpoint_test.cpp — safetensors and Hugging Face checkpoint directories: round trips (single file, sharded,
 // bf16), the completion marker, and damaged or mismatched checkpoints refused with the file and the check named
 // (overflowing shapes, marker and index file names outside the directory).
-#include "meshtrain/common/error.hpp"
 #include "meshtrain/common/checksum.hpp"
+#include "meshtrain/common/error.hpp"
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/safetensors.hpp"
@@ -15,6 +15,7 @@
 namespace fs = std::filesystem;
 
 namespace meshtrain::model {
+using namespace meshtrain::checkpoint;
 namespace {
 
 LlamaConfig small_config() {
@@ -75,7 +76,7 @@ TEST_F(CheckpointTest, SafetensorsRoundTripKeepsDtypesShapesAndMetadata) {
   EXPECT_EQ(file_crc32c(dir_ / "t.safetensors").crc32c, writer.crc32c());
   EXPECT_EQ(file.file_size(), writer.bytes_written());
   for (const auto& [name, t] : tensors) {
-    torch::Tensor back = file.tensor(name);
+    torch::Tensor back = read_tensor(file, name);
     EXPECT_EQ(back.scalar_type(), t.scalar_type()) << name;
     EXPECT_TRUE(torch::equal(back, t)) << name;
   }
@@ -84,7 +85,7 @@ TEST_F(CheckpointTest, SafetensorsRoundTripKeepsDtypesShapesAndMetadata) {
 TEST_F(CheckpointTest, SafetensorsStreamedInPartsMatchesWhole) {
   fs::create_directories(dir_);
   const torch::Tensor a = torch::randn({4, 6}), b = torch::randn({5});
-  std::vector<SafetensorsEntry> entries = {{"a", torch::kFloat32, {4, 6}}, {"b", torch::kFloat32, {5}}};
+  std::vector<SafetensorsEntry> entries = {{"a", SafetensorsDtype::F32, {4, 6}}, {"b", SafetensorsDtype::F32, {5}}};
   AtomicFileWriter parts_out(dir_ / "parts.safetensors");
   {
     SafetensorsStreamWriter writer(parts_out, entries);
@@ -106,7 +107,7 @@ TEST_F(CheckpointTest, SafetensorsStreamedInPartsMatchesWhole) {
   whole_out.commit();
   EXPECT_EQ(parts_out.crc32c(), whole_out.crc32c());
   EXPECT_EQ(parts_out.bytes_written(), whole_out.bytes_written());
-  EXPECT_TRUE(torch::equal(SafetensorsFile::open(dir_ / "parts.safetensors").tensor("a"), a));
+  EXPECT_TRUE(torch::equal(read_tensor(SafetensorsFile::open(dir_ / "parts.safetensors"), "a"), a));
 }
 
 TEST_F(CheckpointTest, SaveLoadRoundTripIsExactAndHasHfLayout) {
@@ -144,7 +145,7 @@ TEST_F(CheckpointTest, Bf16CheckpointsLoadIntoFp32Parameters) {
   initialize_parameters(saved, 3);
   save_hf_checkpoint(dir_, saved, {torch::kBFloat16});
   SafetensorsFile file = SafetensorsFile::open(dir_ / "model.safetensors");
-  EXPECT_EQ(file.entry("lm_head.weight").dtype, torch::kBFloat16);
+  EXPECT_EQ(file.entry("lm_head.weight").dtype, SafetensorsDtype::BF16);
   load_hf_checkpoint(dir_, loaded);
   auto pl = loaded.named_parameters();
   for (const auto& p : saved.named_parameters()) {

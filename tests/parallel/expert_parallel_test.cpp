@@ -1,6 +1,6 @@
 // expert_parallel_test.cpp — the variable-size all-to-all (uneven and empty splits, forward and backward) on
 // simulated devices, and the expert naming helpers. Loss parity of expert parallelism is in parallel_model_test.cpp.
-#include "meshtrain/parallel/collectives.hpp"
+#include "meshtrain/parallel/autograd_collectives.hpp"
 #include "meshtrain/parallel/expert_parallel.hpp"
 #include "meshtrain/parallel/tensor_parallel.hpp"
 

@@ -40,7 +40,7 @@ std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe
 // A device's model on a mesh: built unwritten, each device initializing only its pieces.
 ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options = {}, bool tied = false,
                             bool moe = false, int64_t vocab_size = 40) {
-  const model::LlamaConfig config = tiny_llama_config(tied, moe, vocab_size);
+  const config::LlamaConfig config = tiny_llama_config(tied, moe, vocab_size);
   return ParallelModel(std::make_shared<model::LlamaForCausalLM>(config), ctx, options,
                        model::initial_value_source(config, kSeed));
 }

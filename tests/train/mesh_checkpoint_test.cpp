@@ -2,10 +2,10 @@
 // (written into a fresh ".partial" folder, renamed when complete), so the files of an interrupted save on another
 // mesh are never read, whatever the folder held before; a save that fails removes its partial folder and keeps the
 // older checkpoint.
+#include "meshtrain/checkpoint/checkpoint_dirs.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/model/parameter_init.hpp"
-#include "meshtrain/train/checkpoint_dirs.hpp"
 #include "meshtrain/train/mesh_checkpoint.hpp"
 
 #include "scratch_dir.hpp"
@@ -19,6 +19,7 @@
 namespace fs = std::filesystem;
 
 namespace meshtrain::train {
+using namespace meshtrain::checkpoint;
 namespace {
 
 using testing::tiny_llama_config;
@@ -79,17 +80,17 @@ TEST_F(MeshCheckpointTest, AnInterruptedSaveOnAnotherMeshLeavesNothingBehind) {
   testing::expect_no_failures(save_step(root(), 4, 2, 2.0f));
   const fs::path dir = checkpoint_dir_for_step(root(), 4);
   fs::rename(dir, partial_checkpoint_dir(dir));  // what a death before the rename leaves
-  fs::remove(partial_checkpoint_dir(dir) / model::kCompletionMarker);
+  fs::remove(partial_checkpoint_dir(dir) / checkpoint::kCompletionMarker);
   EXPECT_EQ(newest_complete_checkpoint(root()), std::nullopt);
 
   testing::expect_no_failures(save_step(root(), 4, 1, 1.0f));
   EXPECT_FALSE(fs::exists(partial_checkpoint_dir(dir)));
   const std::set<std::string> want = {"config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json",
                                       "optimizer-00001-of-00001.safetensors", "training_state.json",
-                                      model::kCompletionMarker};
+                                      checkpoint::kCompletionMarker};
   EXPECT_EQ(files_in(dir), want);
   EXPECT_EQ(newest_complete_checkpoint(root()), dir);
-  model::verify_checkpoint_files(dir);
+  checkpoint::verify_checkpoint_files(dir);
   expect_loaded_moments(dir, 1.0f);
 }
 
@@ -104,9 +105,9 @@ TEST_F(MeshCheckpointTest, LoadsReadOnlyTheFilesTheMarkerLists) {
                            "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"})
     fs::copy_file(two / name, one / name);
   expect_loaded_moments(one, 1.0f);
-  model::verify_checkpoint_files(one);
+  checkpoint::verify_checkpoint_files(one);
   testing::expect_no_failures(testing::run_on_all_devices(fsdp_mesh(1), [&](runtime::DeviceContext&) {
-    model::CheckpointTensors::weights(one, tiny_llama_config(), model::CheckpointTensors::Verify::against_marker);
+    model::CheckpointTensors::weights(one, tiny_llama_config(), checkpoint::Verify::against_marker);
   }));
 }
 

@@ -1,9 +1,9 @@
 // command_inputs.cpp — token-id parsing and a checkpoint's tokenizer.
 #include "meshtrain/cli/command_inputs.hpp"
 
+#include "meshtrain/checkpoint/checkpoint_dirs.hpp"
+#include "meshtrain/checkpoint/training_state.hpp"
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/train/checkpoint_dirs.hpp"
-#include "meshtrain/train/training_state.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -15,7 +15,7 @@ namespace meshtrain::cli {
 
 fs::path resolve_checkpoint_dir(const fs::path& path) {
   if (fs::exists(path / "config.json")) return path;
-  const std::optional<fs::path> newest = train::newest_complete_checkpoint(path / "checkpoints");
+  const std::optional<fs::path> newest = checkpoint::newest_complete_checkpoint(path / "checkpoints");
   MT_USER_CHECK(newest, "{} is neither a checkpoint directory (no config.json) nor a run's output_dir with a complete "
                 "checkpoint under checkpoints/", path.string());
   return *newest;
@@ -54,9 +54,9 @@ std::shared_ptr<const tokenizer::Tokenizer> checkpoint_tokenizer(const fs::path&
                                                                  const std::string& name_or_path) {
   if (!name_or_path.empty()) return tokenizer::load_tokenizer(name_or_path);
   if (fs::exists(dir / "tokenizer.json")) return tokenizer::load_tokenizer((dir / "tokenizer.json").string());
-  if (!fs::exists(dir / train::kTrainingStateFile)) return nullptr;
-  const nlohmann::json data = train::read_training_state(dir).data_state;
-  const std::string source = (dir / train::kTrainingStateFile).string();
+  if (!fs::exists(dir / checkpoint::kTrainingStateFile)) return nullptr;
+  const nlohmann::json data = checkpoint::read_training_state(dir).data_state;
+  const std::string source = (dir / checkpoint::kTrainingStateFile).string();
   MT_USER_CHECK(data.contains("tokenizer") && data["tokenizer"].is_string() &&
                     data.contains("tokenizer_fingerprint") && data["tokenizer_fingerprint"].is_string(),
                 "{} does not record its data's tokenizer (data_state.tokenizer); pass --tokenizer", source);

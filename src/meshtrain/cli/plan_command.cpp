@@ -4,11 +4,11 @@
 #include "meshtrain/cli/job_options.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/host_memory.hpp"
+#include "meshtrain/config/llama_config.hpp"
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
-#include "meshtrain/model/llama_config.hpp"
 #include "meshtrain/sharding/visualize.hpp"
 #include "meshtrain/train/memory_plan.hpp"
 
@@ -51,7 +51,7 @@ StepPlan step_plan(const config::Config& config, const mesh::Mesh& mesh, int64_t
   const int64_t global_batch_size = config.get_int("global_batch_size"), block_size = config.get_int("block_size");
   // The index is enough for the sample count: no need to read every byte for a CRC.
   const data::TokenDataset dataset(data::TokenDataset::resolve(config.get_string("dataset.path")), block_size,
-                                   tokens::PayloadCheck::never);
+                                   token_shards::PayloadCheck::never);
   const data::GlobalSampler sampler = data::sampler_for(config, dataset, data::DataPipeline::Purpose::training);
   const sharding::PartitionSpec spec = data::input_sharding(config, mesh);
   StepPlan plan;
@@ -190,7 +190,7 @@ int plan_command(int argc, char** argv) {
     std::cout << "\n"
               << sharding::render_input_batch(mesh, config.get_int("global_batch_size"), config.get_int("block_size"),
                                               picture, data::input_sharding(config, mesh));
-    const model::LlamaConfig model_config = model::LlamaConfig::from_run_config(config);
+    const config::LlamaConfig model_config = config::LlamaConfig::from_run_config(config);
     if (model_config.is_moe()) {
       // One layer's w1 of every expert, stacked: experts over `expert`, each expert's rows over `tensor` (and each
       // device's block then cut flat over `fsdp` by its FSDP unit).

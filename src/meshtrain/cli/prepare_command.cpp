@@ -1,5 +1,5 @@
 // prepare_command.cpp — `meshtrain prepare`: text or JSONL files into a token-shard directory (see
-// meshtrain/tokens/prepare.hpp for the pipeline and docs/formats.md for the format).
+// meshtrain/token_shards/prepare.hpp for the pipeline and docs/formats.md for the format).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -7,14 +7,14 @@
 
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/common/log.hpp"
-#include "meshtrain/tokens/prepare.hpp"
+#include "meshtrain/token_shards/prepare.hpp"
 
 namespace meshtrain::cli {
 
 int prepare_command(int argc, char** argv) {
   CLI::App app{"Tokenize text files, or JSONL files with a text field, into a token-shard directory",
                "meshtrain prepare"};
-  tokens::PrepareOptions options;
+  token_shards::PrepareOptions options;
   std::string tokenizer_name;
   std::vector<std::string> inputs;
   bool no_progress = false;
@@ -34,7 +34,7 @@ int prepare_command(int argc, char** argv) {
   options.progress = !no_progress && ::isatty(STDERR_FILENO);
   auto tokenizer = tokenizer::load_tokenizer(tokenizer_name);
   auto start = std::chrono::steady_clock::now();
-  tokens::ShardIndex index = tokens::prepare_token_shards(*tokenizer, options);
+  token_shards::ShardIndex index = token_shards::prepare_token_shards(*tokenizer, options);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log::info(
       "prepared {}: {} tokens in {} documents, {} shard(s) of uint{}, tokenizer {} ({}), {:.2f} s, "

@@ -14,8 +14,8 @@ namespace {
 
 // The error for a piece of sample `id` (tokens [offset, offset + count) of `shard`, copied to `ids`) holding an id
 // at or beyond `vocab_size`, naming the first such id. Out of line: the loader's loop only compares a maximum.
-[[noreturn, gnu::cold, gnu::noinline]] void throw_token_beyond_vocabulary(const tokens::TokenShard& shard,
-                                                                          const tokens::ShardIndex& index, int64_t id,
+[[noreturn, gnu::cold, gnu::noinline]] void throw_token_beyond_vocabulary(const token_shards::TokenShard& shard,
+                                                                          const token_shards::ShardIndex& index, int64_t id,
                                                                           uint64_t offset, uint64_t count,
                                                                           const int32_t* ids) {
   const uint32_t vocab_size = index.tokenizer.vocab_size;
@@ -40,17 +40,17 @@ fs::path TokenDataset::resolve(const std::string& path_or_name) {
   return named;
 }
 
-TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, tokens::PayloadCheck payload_check)
-    : shards_(tokens::ShardDirectory::open(dir, tokens::OpenOptions{"", payload_check})), block_size_(block_size) {
+TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, token_shards::PayloadCheck payload_check)
+    : shards_(token_shards::ShardDirectory::open(dir, token_shards::OpenOptions{"", payload_check})), block_size_(block_size) {
   MT_USER_CHECK(block_size > 0, "block_size must be positive, got {}", block_size);
   // The shard directory has checked every token id against its tokenizer's vocabulary (and the trainer checks that
   // vocabulary against the model's); the ids are handed on as int32, so the vocabulary must fit that.
   MT_USER_CHECK(index().tokenizer.vocab_size <= uint64_t(INT32_MAX) + 1,
                 "{}: token id check failed: vocab_size {} of tokenizer {} has ids beyond int32, the type samples are "
-                "read as", (dir / tokens::kIndexFileName).string(), index().tokenizer.vocab_size,
+                "read as", (dir / token_shards::kIndexFileName).string(), index().tokenizer.vocab_size,
                 index().tokenizer.name);
   uint64_t start = 0;
-  for (const tokens::TokenShard& shard : shards_.shards()) {
+  for (const token_shards::TokenShard& shard : shards_.shards()) {
     shard_starts_.push_back(start);
     start += shard.token_count();
   }
@@ -67,7 +67,7 @@ void TokenDataset::read_sample(int64_t id, int32_t* out) const {
   // The shard holding `begin`: the last whose start is <= begin.
   size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), begin) - shard_starts_.begin() - 1;
   while (count > 0) {
-    const tokens::TokenShard& shard = shards_.shards()[s];
+    const token_shards::TokenShard& shard = shards_.shards()[s];
     const uint64_t offset = begin - shard_starts_[s], piece = std::min(count, shard.token_count() - offset);
     // int32 and uint32 may alias; token ids are below the vocabulary size, at most 2^31 (checked on construction),
     // and each id is checked here, where it is handed on (the index's max_token is trusted when checksums are

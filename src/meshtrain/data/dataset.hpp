@@ -6,7 +6,7 @@
 // A sample may straddle two shards. num_samples = (total_tokens - 1) / block_size; the tail is never read.
 #pragma once
 
-#include "meshtrain/tokens/shard_reader.hpp"
+#include "meshtrain/token_shards/shard_reader.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -21,13 +21,13 @@ class TokenDataset {
   // <assets>/shards. UserError naming dataset.path and both places looked at when neither exists.
   static std::filesystem::path resolve(const std::string& path_or_name);
 
-  // Opens and validates the directory (tokens::ShardDirectory::open; `payload_check` says when each shard's bytes
+  // Opens and validates the directory (token_shards::ShardDirectory::open; `payload_check` says when each shard's bytes
   // are checksummed), which includes every token id being below the tokenizer's vocab_size; that must fit int32.
   TokenDataset(const std::filesystem::path& dir, int64_t block_size,
-               tokens::PayloadCheck payload_check = tokens::PayloadCheck::at_open);
+               token_shards::PayloadCheck payload_check = token_shards::PayloadCheck::at_open);
 
   const std::filesystem::path& path() const { return shards_.path(); }
-  const tokens::ShardIndex& index() const { return shards_.index(); }
+  const token_shards::ShardIndex& index() const { return shards_.index(); }
   int64_t block_size() const { return block_size_; }
   int64_t num_samples() const { return num_samples_; }
 
@@ -37,7 +37,7 @@ class TokenDataset {
   void read_sample(int64_t id, int32_t* out) const;
 
  private:
-  tokens::ShardDirectory shards_;
+  token_shards::ShardDirectory shards_;
   int64_t block_size_;
   int64_t num_samples_;
   std::vector<uint64_t> shard_starts_;  // position of each shard's first token in the stream, then total_tokens

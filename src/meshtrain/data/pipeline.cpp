@@ -10,6 +10,7 @@
 #include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/common/mix.hpp"
+#include "meshtrain/mesh/mesh_roles.hpp"
 #include "meshtrain/sharding/visualize.hpp"
 
 #include <fmt/format.h>
@@ -36,7 +37,7 @@ std::shared_ptr<const TokenDataset> open_dataset(const config::Config& config, D
   if (purpose == DataPipeline::Purpose::evaluation && !config.get_string("eval.dataset").empty())
     path = config.get_string("eval.dataset");
   return std::make_shared<const TokenDataset>(TokenDataset::resolve(path), config.get_int("block_size"),
-                                              tokens::PayloadCheck::on_first_read);
+                                              token_shards::PayloadCheck::on_first_read);
 }
 
 // How many samples at the end of dataset.path evaluation holds out: ceil(eval.holdout_fraction * num_samples) while
@@ -92,6 +93,7 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
       dataset_(open_dataset(config, purpose)),
       sampler_(sampler_for(config, *dataset_, purpose)),
       plan_(ReadPlan::make(mesh, global_batch_size_, block_size_, spec_, host)),
+      row_replicas_(mesh::MeshRoles(mesh).row_replicas(spec_.dims.at(0))),
       taken_(plan_.devices.size(), 0) {
   HostLoaderOptions options;
   options.prefetch_steps = static_cast<int>(config.get_int("data.prefetch_steps"));
@@ -112,7 +114,7 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
 }
 
 void DataPipeline::log_training_plan(const config::Config& config, DataCursor start) const {
-  const tokens::ShardIndex& index = dataset_->index();
+  const token_shards::ShardIndex& index = dataset_->index();
   log::info("Dataset {}: {} tokens in {} shard(s), tokenizer {}; {} samples of {}+1 tokens, {} global batches of {} "
             "per epoch", dataset_->path().string(), index.total_tokens, index.shards.size(),
             index.tokenizer.fingerprint, dataset_->num_samples(), block_size_, sampler_.batches_per_epoch(),
@@ -175,9 +177,9 @@ std::string DataPipeline::fingerprint() const {
 }
 
 nlohmann::json DataPipeline::identity() const {
-  const tokens::ShardIndex& index = dataset_->index();
+  const token_shards::ShardIndex& index = dataset_->index();
   nlohmann::json shards = nlohmann::json::array();
-  for (const tokens::ShardEntry& shard : index.shards)  // the CRC as index.json writes it
+  for (const token_shards::ShardEntry& shard : index.shards)  // the CRC as index.json writes it
     shards.push_back({{"file", shard.file}, {"tokens", shard.tokens}, {"crc32c", fmt::format("{:08x}", shard.crc32c)}});
   return {{"tokenizer_fingerprint", index.tokenizer.fingerprint},
           {"total_tokens", index.total_tokens},

@@ -64,6 +64,9 @@ class DataPipeline {
   int64_t num_samples() const;  // of the dataset, held-out ones included
   const SampleRange& samples() const { return sampler_.samples(); }  // the ones this pipeline serves
   int64_t batches_per_epoch() const;  // for an evaluation pipeline: the batches of one evaluation
+  // How many devices of the batch axes hold each row of a batch (mesh::MeshRoles::row_replicas of the input
+  // sharding): a sum over them counts each row that many times.
+  int64_t row_replicas() const { return row_replicas_; }
 
   // The data state to store in a checkpoint: the cursor of the next batch to train on plus what identifies the
   // dataset and the batch order (tokenizer fingerprint, token count, shard files with counts and CRC-32C,
@@ -92,6 +95,7 @@ class DataPipeline {
   std::shared_ptr<const TokenDataset> dataset_;
   GlobalSampler sampler_;
   ReadPlan plan_;
+  int64_t row_replicas_;
   std::vector<int64_t> taken_;  // per local device: how many batches it has taken (each touched by its thread only)
   std::unique_ptr<HostLoader> loader_;
 };

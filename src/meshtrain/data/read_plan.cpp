@@ -2,6 +2,7 @@
 #include "meshtrain/data/read_plan.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/mesh/mesh_roles.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -16,10 +17,11 @@ sharding::PartitionSpec input_sharding(const config::Config& config, const mesh:
   } catch (const UserError& e) {
     throw UserError(fmt::format("data.input_sharding=\"{}\": {}", text, e.what()));
   }
+  // Split experts split the batch too (mesh_roles.hpp): the rows go over expert unless the spec places it.
   auto names_expert = [](const std::vector<mesh::Axis>& axes) {
     return std::find(axes.begin(), axes.end(), mesh::Axis::expert) != axes.end();
   };
-  if (mesh.size(mesh::Axis::expert) > 1 && !spec.dims.empty() &&
+  if (mesh::MeshRoles(mesh).experts_split() && !spec.dims.empty() &&
       std::none_of(spec.dims.begin(), spec.dims.end(), names_expert))
     spec.dims[0].push_back(mesh::Axis::expert);
   return spec;

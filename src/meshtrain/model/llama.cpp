@@ -58,7 +58,7 @@ torch::Tensor rope_inverse_frequencies(const LlamaConfig& config) {
   torch::Tensor inverse_frequencies = 1.0 / torch::pow(config.rope_theta, exponents);
   if (!config.rope_scaling) return inverse_frequencies;
 
-  const Llama3RopeScaling& s = *config.rope_scaling;
+  const config::Llama3RopeScaling& s = *config.rope_scaling;
   const double old_context = static_cast<double>(s.original_max_position_embeddings);
   const double low_freq_wavelength = old_context / s.low_freq_factor;
   const double high_freq_wavelength = old_context / s.high_freq_factor;

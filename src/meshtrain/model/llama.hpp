@@ -15,7 +15,7 @@
 // (local), G query heads per key/value head (H = K*G), E head_dim, F intermediate_size, S key positions (= T).
 #pragma once
 
-#include "meshtrain/model/llama_config.hpp"
+#include "meshtrain/config/llama_config.hpp"
 
 #include <torch/torch.h>
 
@@ -24,6 +24,9 @@
 #include <vector>
 
 namespace meshtrain::model {
+
+// The architecture a model is built from lives with the run's settings (config/llama_config.hpp).
+using config::LlamaConfig;
 
 // A parameter tensor of `shape` (fp32) for a module to register. Normally allocated and unwritten (its values come
 // from initialize_parameters or a checkpoint). On a thread inside a ParametersWithoutStorage scope it has its shape

@@ -90,7 +90,7 @@ class MixtralExpert : public torch::nn::Module {
 // experts, runs them there and returns each row's expert output in the same order (the default runs them all here).
 using ExpertExchange =
     std::function<torch::Tensor(const torch::Tensor& x_SD, const std::vector<int64_t>& rows_per_expert)>;
-// A tensor-parallel group's differentiable entry and exit (parallel/collectives.hpp's copy_to_group and
+// A tensor-parallel group's differentiable entry and exit (parallel/autograd_collectives.hpp's copy_to_group and
 // reduce_from_group).
 using TensorGroupStep = std::function<torch::Tensor(const torch::Tensor&)>;
 

@@ -26,7 +26,7 @@ float standard_normal(uint64_t key, int64_t index) {
 
 }  // namespace
 
-at::Tensor initial_values(const LlamaConfig& config, uint64_t seed, const ParameterSlice& slice) {
+at::Tensor initial_values(const config::LlamaConfig& config, uint64_t seed, const ParameterSlice& slice) {
   if (slice.full_shape.size() <= 1) return at::ones({slice.numel()}, at::kFloat);  // RMSNorm weights
   at::Tensor out = at::empty({slice.numel()}, at::kFloat);
   float* out_data = out.data_ptr<float>();
@@ -40,7 +40,7 @@ at::Tensor initial_values(const LlamaConfig& config, uint64_t seed, const Parame
   return out;
 }
 
-SliceSource initial_value_source(const LlamaConfig& config, uint64_t seed) {
+SliceSource initial_value_source(const config::LlamaConfig& config, uint64_t seed) {
   return [config, seed](const ParameterSlice& slice) { return initial_values(config, seed, slice); };
 }
 

@@ -9,7 +9,7 @@
 // any order, on any thread.
 #pragma once
 
-#include "meshtrain/model/llama_config.hpp"
+#include "meshtrain/config/llama_config.hpp"
 #include "meshtrain/model/parameter_slice.hpp"
 
 #include <cstdint>
@@ -17,9 +17,9 @@
 namespace meshtrain::model {
 
 // The initial values of `slice` (fp32 [slice.numel()]).
-at::Tensor initial_values(const LlamaConfig& config, uint64_t seed, const ParameterSlice& slice);
+at::Tensor initial_values(const config::LlamaConfig& config, uint64_t seed, const ParameterSlice& slice);
 
 // initial_values as a SliceSource.
-SliceSource initial_value_source(const LlamaConfig& config, uint64_t seed);
+SliceSource initial_value_source(const config::LlamaConfig& config, uint64_t seed);
 
 }  // namespace meshtrain::model

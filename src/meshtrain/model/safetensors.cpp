@@ -1,79 +1,41 @@
-// safetensors.cpp — the safetensors writer and the validating reader.
+// safetensors.cpp — the streaming safetensors writer of torch tensors, and tensors read from safetensors files.
 #include "meshtrain/model/safetensors.hpp"
 
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/common/json_read.hpp"
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 namespace meshtrain::model {
+
+using checkpoint::SafetensorsDtype;
+using checkpoint::SafetensorsEntry;
+
 namespace {
 
-// Headers larger than this are refused as damaged (HF's own limit is 100 MB).
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
-
-const std::vector<std::pair<std::string, torch::Dtype>>& dtype_names() {
-  static const std::vector<std::pair<std::string, torch::Dtype>> names = {
-      {"F64", torch::kFloat64}, {"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
-      {"I64", torch::kInt64},   {"I32", torch::kInt32},   {"I16", torch::kInt16},   {"I8", torch::kInt8},
-      {"U8", torch::kUInt8},    {"BOOL", torch::kBool}};
-  return names;
-}
-
-// The bytes a tensor of `dtype` and `shape` (sizes >= 0) needs; UserError naming `context` when that, or the
-// element count with zero sizes left out (torch computes strides from it), does not fit in 63 bits.
-uint64_t nbytes_of(torch::Dtype dtype, const std::vector<int64_t>& shape, const std::string& context) {
-  int64_t nonzero_bytes = static_cast<int64_t>(c10::elementSize(dtype));
-  bool empty = false;
-  for (int64_t d : shape) {
-    empty = empty || d == 0;
-    MT_USER_CHECK(!__builtin_mul_overflow(nonzero_bytes, std::max<int64_t>(d, 1), &nonzero_bytes),
-                  "{}: shape check failed: the sizes {} overflow a 64-bit byte count", context,
-                  c10::str(c10::IntArrayRef(shape)));
-  }
-  return empty ? 0 : static_cast<uint64_t>(nonzero_bytes);
-}
+constexpr std::pair<SafetensorsDtype, torch::Dtype> kTorchDtypes[] = {
+    {SafetensorsDtype::F64, torch::kFloat64}, {SafetensorsDtype::F32, torch::kFloat32},
+    {SafetensorsDtype::F16, torch::kFloat16}, {SafetensorsDtype::BF16, torch::kBFloat16},
+    {SafetensorsDtype::I64, torch::kInt64},   {SafetensorsDtype::I32, torch::kInt32},
+    {SafetensorsDtype::I16, torch::kInt16},   {SafetensorsDtype::I8, torch::kInt8},
+    {SafetensorsDtype::U8, torch::kUInt8},    {SafetensorsDtype::BOOL, torch::kBool}};
 
 }  // namespace
 
-std::string safetensors_dtype_name(torch::Dtype dtype) {
-  for (const auto& [name, d] : dtype_names())
-    if (d == dtype) return name;
+SafetensorsDtype safetensors_dtype(torch::Dtype dtype) {
+  for (const auto& [stored, in_torch] : kTorchDtypes)
+    if (in_torch == dtype) return stored;
   throw UserError(fmt::format("dtype {} cannot be stored in safetensors", c10::toString(dtype)));
 }
 
-torch::Dtype safetensors_dtype(const std::string& name, const std::string& context) {
-  for (const auto& [n, d] : dtype_names())
-    if (n == name) return d;
-  throw UserError(fmt::format("{}: unsupported safetensors dtype '{}'", context, bounded_text(name)));
+torch::Dtype torch_dtype(SafetensorsDtype dtype) {
+  for (const auto& [stored, in_torch] : kTorchDtypes)
+    if (stored == dtype) return in_torch;
+  throw Error("safetensors: a dtype outside the enumeration");
 }
 
 SafetensorsStreamWriter::SafetensorsStreamWriter(AtomicFileWriter& out, std::vector<SafetensorsEntry> entries,
                                                  const std::map<std::string, std::string>& metadata)
     : out_(out), entries_(std::move(entries)) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (SafetensorsEntry& e : entries_) {
-    MT_CHECK(!header.contains(e.name), "safetensors: tensor name {} given twice", e.name);
-    e.begin = offset;
-    e.end = offset + nbytes_of(e.dtype, e.shape, e.name);
-    offset = e.end;
-    header[e.name] = {
-        {"dtype", safetensors_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
-  uint8_t length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  out_.write(length, 8);
-  out_.write(text.data(), text.size());
+  const std::string header = checkpoint::safetensors_header(entries_, metadata);
+  out_.write(header.data(), header.size());
 }
 
 void SafetensorsStreamWriter::write_next(const torch::Tensor& tensor) {
@@ -81,9 +43,9 @@ void SafetensorsStreamWriter::write_next(const torch::Tensor& tensor) {
   MT_CHECK(next_bytes_written_ == 0, "safetensors: tensor {} given whole after a part of it",
            entries_[next_].name);
   const SafetensorsEntry& e = entries_[next_++];
-  MT_CHECK(tensor.device().is_cpu() && tensor.scalar_type() == e.dtype && tensor.sizes().vec() == e.shape,
+  MT_CHECK(tensor.device().is_cpu() && tensor.scalar_type() == torch_dtype(e.dtype) && tensor.sizes().vec() == e.shape,
            "safetensors: tensor {} is {} {} on {}, announced as {} {}", e.name, c10::toString(tensor.scalar_type()),
-           c10::str(tensor.sizes()), c10::str(tensor.device()), c10::toString(e.dtype),
+           c10::str(tensor.sizes()), c10::str(tensor.device()), checkpoint::safetensors_dtype_name(e.dtype),
            c10::str(c10::IntArrayRef(e.shape)));
   const torch::Tensor contiguous = tensor.contiguous();
   out_.write(contiguous.data_ptr(), contiguous.nbytes());
@@ -95,11 +57,11 @@ void SafetensorsStreamWriter::write_part(const torch::Tensor& elements) {
   const SafetensorsEntry& e = entries_[next_];
   const torch::Tensor contiguous = elements.contiguous();
   const uint64_t size = e.end - e.begin;
-  MT_CHECK(elements.device().is_cpu() && elements.scalar_type() == e.dtype &&
+  MT_CHECK(elements.device().is_cpu() && elements.scalar_type() == torch_dtype(e.dtype) &&
                next_bytes_written_ + contiguous.nbytes() <= size,
            "safetensors: a part of tensor {} ({} {} on {}) that does not fit its remaining {} of {} bytes of {}",
            e.name, c10::str(elements.sizes()), c10::toString(elements.scalar_type()), c10::str(elements.device()),
-           size - next_bytes_written_, size, c10::toString(e.dtype));
+           size - next_bytes_written_, size, checkpoint::safetensors_dtype_name(e.dtype));
   out_.write(contiguous.data_ptr(), contiguous.nbytes());
   next_bytes_written_ += contiguous.nbytes();
   if (next_bytes_written_ == size) {
@@ -115,127 +77,23 @@ void SafetensorsStreamWriter::finish() const {
 void write_safetensors(AtomicFileWriter& out, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   std::vector<SafetensorsEntry> entries;
-  for (const auto& [name, tensor] : tensors) entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  for (const auto& [name, tensor] : tensors)
+    entries.push_back({name, safetensors_dtype(tensor.scalar_type()), tensor.sizes().vec()});
   SafetensorsStreamWriter writer(out, std::move(entries), metadata);
   for (const auto& [name, tensor] : tensors) writer.write_next(tensor);
   writer.finish();
 }
 
-SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
-  SafetensorsFile file;
-  file.path_ = path;
-  const std::string where = path.string();
-  const int fd = ::open(where.c_str(), O_RDONLY | O_CLOEXEC);
-  MT_USER_CHECK(fd >= 0, "cannot open {}: {}", where, std::strerror(errno));
-  file.fd_ = std::shared_ptr<int>(new int(fd), [](int* p) {
-    ::close(*p);
-    delete p;
-  });
-  struct stat info {};
-  MT_USER_CHECK(::fstat(fd, &info) == 0, "cannot stat {}: {}", where, std::strerror(errno));
-  const uint64_t size = file.file_size_ = static_cast<uint64_t>(info.st_size);
-  MT_USER_CHECK(size >= 8, "{}: the file is {} bytes, too short for the 8-byte header length", where, size);
-  uint8_t length[8];
-  file.read_bytes(0, 8, length);
-  uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(length[i]) << (8 * i);
-  MT_USER_CHECK(header_len <= kMaxHeaderBytes && 8 + header_len <= size,
-                "{}: header length {} does not fit in the file of {} bytes (damaged or not safetensors)", where,
-                header_len, size);
-  file.data_start_ = 8 + header_len;
-  const uint64_t data_size = size - file.data_start_;
-  std::string header_text(header_len, '\0');
-  file.read_bytes(8, header_len, header_text.data());
-
-  const nlohmann::json header = parse_json(header_text, where);
-  MT_USER_CHECK(header.is_object(), "{}: the header is not a JSON object", where);
-  for (const auto& [name, value] : header.items()) {
-    if (name == "__metadata__") {
-      MT_USER_CHECK(value.is_object(), "{}: __metadata__ is not an object", where);
-      for (const auto& [k, v] : value.items()) {
-        MT_USER_CHECK(v.is_string(), "{}: __metadata__ value '{}' is not a string", where, bounded_text(k));
-        file.metadata_[k] = v.get<std::string>();
-      }
-      continue;
-    }
-    const std::string context = fmt::format("{}: tensor '{}'", where, bounded_text(name));
-    MT_USER_CHECK(value.is_object() && value.contains("dtype") && value.contains("shape") &&
-                      value.contains("data_offsets"),
-                  "{} lacks dtype, shape or data_offsets", context);
-    SafetensorsEntry e;
-    e.name = name;
-    MT_USER_CHECK(value["dtype"].is_string(), "{}: dtype is not a string", context);
-    e.dtype = safetensors_dtype(value["dtype"].get<std::string>(), context);
-    const auto& shape = value["shape"];
-    const auto& offsets = value["data_offsets"];
-    MT_USER_CHECK(shape.is_array(), "{}: shape is not a list", context);
-    for (const auto& d : shape) {
-      MT_USER_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: shape {} is not a list of sizes", context,
-                    json_excerpt(shape));
-      e.shape.push_back(d.get<int64_t>());
-    }
-    MT_USER_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
-                      offsets[1].is_number_unsigned(),
-                  "{}: data_offsets {} is not [begin, end]", context, json_excerpt(offsets));
-    e.begin = offsets[0].get<uint64_t>();
-    e.end = offsets[1].get<uint64_t>();
-    const uint64_t nbytes = nbytes_of(e.dtype, e.shape, context);
-    MT_USER_CHECK(e.begin <= e.end && e.end - e.begin == nbytes,
-                  "{}: data_offsets [{}, {}] span {} bytes but dtype {} and shape {} need {}", context, e.begin, e.end,
-                  e.end - e.begin, value["dtype"].get<std::string>(), json_excerpt(shape), nbytes);
-    MT_USER_CHECK(e.end <= data_size, "{}: data ends at byte {} but the file holds {} data bytes (truncated?)",
-                  context, e.end, data_size);
-    file.entries_.push_back(std::move(e));
-  }
-  // The tensors must tile the data section exactly.
-  std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& e : file.entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  uint64_t covered = 0;
-  for (const SafetensorsEntry* e : by_offset) {
-    MT_USER_CHECK(e->begin == covered, "{}: tensor '{}' starts at data byte {} but the previous one ends at {}", where,
-                  e->name, e->begin, covered);
-    covered = e->end;
-  }
-  MT_USER_CHECK(covered == data_size, "{}: the tensors cover {} data bytes but the file holds {} (damaged?)", where,
-                covered, data_size);
-  for (size_t i = 0; i < file.entries_.size(); ++i) file.index_[file.entries_[i].name] = i;
-  return file;
+torch::Tensor read_tensor(const checkpoint::SafetensorsFile& file, const std::string& name) {
+  const SafetensorsEntry& e = file.entry(name);
+  return read_elements(file, e, 0, e.numel()).view(e.shape);
 }
 
-const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
-  auto it = index_.find(name);
-  MT_USER_CHECK(it != index_.end(), "{}: no tensor named '{}'", path_.string(), name);
-  return entries_[it->second];
-}
-
-void SafetensorsFile::read_bytes(uint64_t offset, uint64_t size, void* out) const {
-  auto* dest = static_cast<char*>(out);
-  while (size > 0) {
-    const ssize_t got = ::pread(*fd_, dest, std::min<uint64_t>(size, 1ull << 30), static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    MT_USER_CHECK(got > 0, "{}: reading {} bytes at offset {} failed: {}", path_.string(), size, offset,
-                  got == 0 ? "the file is shorter than when it was opened" : std::strerror(errno));
-    dest += got;
-    offset += static_cast<uint64_t>(got);
-    size -= static_cast<uint64_t>(got);
-  }
-}
-
-torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
-  const SafetensorsEntry& e = entry(name);
-  int64_t numel = 1;
-  for (int64_t d : e.shape) numel *= d;
-  return read_elements(e, 0, numel).view(e.shape);
-}
-
-torch::Tensor SafetensorsFile::read_elements(const SafetensorsEntry& e, int64_t first, int64_t count) const {
-  const uint64_t element = c10::elementSize(e.dtype);
-  MT_CHECK(first >= 0 && count >= 0 && (static_cast<uint64_t>(first + count)) * element <= e.end - e.begin,
-           "{}: elements [{}, {}) are outside tensor '{}'", path_.string(), first, first + count, e.name);
-  torch::Tensor t = torch::empty({count}, torch::TensorOptions().dtype(e.dtype));
+torch::Tensor read_elements(const checkpoint::SafetensorsFile& file, const SafetensorsEntry& e, int64_t first,
+                            int64_t count) {
+  torch::Tensor t = torch::empty({count}, torch::TensorOptions().dtype(torch_dtype(e.dtype)));
   // An empty tensor has no storage (data_ptr() is null): nothing to read.
-  if (count > 0) read_bytes(data_start_ + e.begin + static_cast<uint64_t>(first) * element, count * element, t.data_ptr());
+  if (count > 0) file.read_elements(e, first, count, t.data_ptr());
   return t;
 }
 

@@ -4,7 +4,7 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/moe.hpp"
-#include "meshtrain/parallel/collectives.hpp"
+#include "meshtrain/parallel/autograd_collectives.hpp"
 
 #include <numeric>
 
@@ -73,7 +73,7 @@ std::string with_expert_index(const std::string& name, int64_t expert) {
   return name.substr(0, index_begin) + std::to_string(expert) + name.substr(index_end);
 }
 
-void check_expert_parallel(const model::LlamaConfig& config, int size) {
+void check_expert_parallel(const config::LlamaConfig& config, int size) {
   if (size == 1) return;
   MT_USER_CHECK(config.is_moe(),
                 "the mesh has expert={} but a dense Llama has no experts to place; pick a Mixtral (model=mixtral-tiny) "
@@ -84,7 +84,7 @@ void check_expert_parallel(const model::LlamaConfig& config, int size) {
 }
 
 void apply_expert_parallel(model::LlamaForCausalLM& model, runtime::Comm& expert_comm) {
-  const model::LlamaConfig& config = model.config();
+  const config::LlamaConfig& config = model.config();
   const int size = expert_comm.size();
   if (size == 1) return;
   check_expert_parallel(config, size);

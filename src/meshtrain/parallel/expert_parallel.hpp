@@ -6,7 +6,7 @@
 //   1. all_to_all of the slot counts: each device tells each peer how many rows it sends to each of its experts;
 //   2. all_to_all_rows of the slot rows (sorted by expert, so each peer's rows are one contiguous block);
 //   3. the local experts run on the rows they received, regrouped by expert (one matmul chain per expert);
-//   4. all_to_all_rows back, in the order the rows came. Backward runs 4 and 2 in reverse (parallel/collectives.hpp).
+//   4. all_to_all_rows back, in the order the rows came. Backward runs 4 and 2 in reverse (parallel/autograd_collectives.hpp).
 // An expert or a device may receive no rows; the counts say so and nothing is sent for them.
 #pragma once
 
@@ -28,7 +28,7 @@ int64_t expert_of_parameter(const std::string& name);
 std::string with_expert_index(const std::string& name, int64_t expert);
 
 // UserError unless `config` has experts that split evenly over `expert_size` devices (no-op for one device).
-void check_expert_parallel(const model::LlamaConfig& config, int expert_size);
+void check_expert_parallel(const config::LlamaConfig& config, int expert_size);
 
 // Keeps this device's experts in every MoE layer and routes the others' slots over `expert_comm` (the device's rank
 // in it picks its experts), after check_expert_parallel. With one rank it keeps every expert.

@@ -206,11 +206,10 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
       options_(options),
       fsdp_comm_(ctx.over(mesh::Axis::fsdp)),
       tensor_comm_(ctx.over(mesh::Axis::tensor)),
-      data_comm_(ctx.over(mesh::Axis::data)),
       expert_comm_(ctx.over(mesh::Axis::expert)),
-      dense_gradient_comm_(expert_comm_.size() > 1 ? ctx.over({mesh::Axis::data, mesh::Axis::expert}) : data_comm_),
-      batch_comm_(expert_comm_.size() > 1 ? ctx.over({mesh::Axis::data, mesh::Axis::fsdp, mesh::Axis::expert})
-                                          : ctx.over({mesh::Axis::data, mesh::Axis::fsdp})) {
+      dense_gradient_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).dense_gradient_axes())),
+      expert_gradient_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).expert_gradient_axes())),
+      batch_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).batch_axes())) {
   apply_tensor_parallel(*model_, tensor_comm_);
   apply_expert_parallel(*model_, expert_comm_);
   for (const auto& layer : model_->model->layers)
@@ -447,12 +446,12 @@ void ParallelModel::synchronize_gradients() {
       offset += g.numel();
     }
   };
-  // Experts differ over `expert`: their replicas are over `data` only.
-  if (dense_gradient_comm_.size() == data_comm_.size()) {
-    sum_over(0, num_units(), data_comm_);
+  // Experts differ over `expert`: their replicas are over fewer axes (mesh_roles.hpp).
+  if (&dense_gradient_comm_ == &expert_gradient_comm_) {
+    sum_over(0, num_units(), dense_gradient_comm_);
   } else {
     sum_over(0, num_dense_units(), dense_gradient_comm_);
-    sum_over(num_dense_units(), num_units(), data_comm_);
+    sum_over(num_dense_units(), num_units(), expert_gradient_comm_);
   }
 }
 

@@ -29,6 +29,7 @@
 // With every axis of size 1 nothing communicates and the parameters are the optimizer's buffers (no copies).
 #pragma once
 
+#include "meshtrain/mesh/mesh_roles.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
 #include "meshtrain/runtime/device_context.hpp"
@@ -127,9 +128,11 @@ class ParallelModel {
   ParallelOptions options_;
   runtime::Comm& fsdp_comm_;
   runtime::Comm& tensor_comm_;
-  runtime::Comm& data_comm_;
   runtime::Comm& expert_comm_;
-  runtime::Comm& dense_gradient_comm_;  // (data, expert): the non-expert gradients' replicas; `data` if expert = 1
+  // Over the axes that mesh::MeshRoles names: the replicas of a non-expert parameter's gradient, of an expert's, and
+  // the batch's rows. The first two are one Comm when the experts are not split.
+  runtime::Comm& dense_gradient_comm_;
+  runtime::Comm& expert_gradient_comm_;
   runtime::Comm& batch_comm_;
   // Every parameter of the whole model in unit order, the same on every device: where its pieces are (the unit and
   // member; an expert's member is the one at the same place among the local experts of its holder, who has

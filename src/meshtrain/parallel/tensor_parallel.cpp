@@ -3,7 +3,7 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/moe.hpp"
-#include "meshtrain/parallel/collectives.hpp"
+#include "meshtrain/parallel/autograd_collectives.hpp"
 
 namespace meshtrain::parallel {
 namespace {
@@ -76,7 +76,7 @@ std::vector<int64_t> whole_shape(const std::vector<int64_t>& block_shape, Tensor
   return shape;
 }
 
-void check_tensor_parallel(const model::LlamaConfig& config, int n) {
+void check_tensor_parallel(const config::LlamaConfig& config, int n) {
   MT_USER_CHECK(config.num_attention_heads % n == 0,
                 "tensor parallelism over {} ranks needs num_attention_heads ({}) to be a multiple of {}", n,
                 config.num_attention_heads, n);

@@ -50,7 +50,7 @@ class RowParallelLinear : public model::Linear {
 };
 
 // UserError unless the heads, key/value heads and MLP width divide by `tensor_size` (naming the config key).
-void check_tensor_parallel(const model::LlamaConfig& config, int tensor_size);
+void check_tensor_parallel(const config::LlamaConfig& config, int tensor_size);
 
 // Replaces every layer's projections by this rank's column/row-parallel blocks (unwritten; the whole weights are
 // dropped without being read), after check_tensor_parallel; a Mixtral's experts keep their blocks of w1/w3 rows and

@@ -179,7 +179,7 @@ class Comm {
   // Point to point: sends each (rank, tensor) of `sends` and fills each (rank, buffer) of `receives` from that rank,
   // all started at once; returns when all are done. The peers call it with the matching receives and sends and the
   // same `tag`. Not for a group of one (nothing to exchange with). Counted as `counted_as` (an all-to-all of variable
-  // sizes is made of one exchange: parallel/collectives.hpp).
+  // sizes is made of one exchange: parallel/autograd_collectives.hpp).
   void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
                 const std::vector<std::pair<int, at::Tensor>>& receives, int tag,
                 Collective counted_as = Collective::point_to_point);

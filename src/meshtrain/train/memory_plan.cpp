@@ -37,7 +37,7 @@ MemoryLayout memory_layout(const config::Config& config, const TrainSettings& se
 }
 
 MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout) {
-  const model::LlamaConfig& m = settings.model;
+  const config::LlamaConfig& m = settings.model;
   const int64_t D = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, tp = layout.tensor;
   const int64_t q_out = m.num_attention_heads * m.head_dim, kv_out = m.num_key_value_heads * m.head_dim;
   const int64_t F = m.intermediate_size, H = m.num_attention_heads, T = settings.block_size;

@@ -20,10 +20,10 @@
 // marker lists, whatever mesh wrote the checkpoint (resharding).
 #pragma once
 
+#include "meshtrain/checkpoint/training_state.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/runtime/device_context.hpp"
 #include "meshtrain/train/adamw.hpp"
-#include "meshtrain/train/training_state.hpp"
 
 #include <filesystem>
 #include <functional>
@@ -35,7 +35,7 @@ namespace meshtrain::train {
 // Error naming `dir` if this device fails to write its part (its partial folder is removed first); the
 // CollectiveError of a failure elsewhere passes through.
 void save_mesh_checkpoint(const std::filesystem::path& dir, runtime::DeviceContext& ctx,
-                          parallel::ParallelModel& model, AdamW& optimizer, const TrainingState& state,
+                          parallel::ParallelModel& model, AdamW& optimizer, const checkpoint::TrainingState& state,
                           const std::function<void()>& after_own_files = {});
 
 // Fills the optimizer's moments (laid out like the model's shards on this mesh) from `dir`; its step count is the

@@ -55,7 +55,7 @@ struct StepMetrics {
   double comm_seconds = 0;       // collectives
   int64_t tokens = 0;            // global tokens this step
   int num_devices = 1;
-  double flops_per_token = 0;    // model::LlamaConfig::training_flops_per_token
+  double flops_per_token = 0;    // config::LlamaConfig::training_flops_per_token
   std::map<std::string, int64_t> comm_bytes;  // payload bytes per collective kind this step (see above)
   struct Routing {                            // a Mixtral's (see above)
     double aux_loss = 0;

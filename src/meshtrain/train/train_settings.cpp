@@ -1,8 +1,8 @@
 // train_settings.cpp — TrainSettings::from_config: the trainer's keys, read and checked in one place.
 #include "meshtrain/train/train_settings.hpp"
 
+#include "meshtrain/checkpoint/training_state.hpp"
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/train/training_state.hpp"
 
 #include <algorithm>
 
@@ -35,7 +35,7 @@ TrainSettings TrainSettings::from_config(const config::Config& config) {
   TrainSettings s(LrSchedule::from_config(config));
   s.output_dir = config.get_string("output_dir");
   s.checkpoints = s.output_dir / "checkpoints";
-  s.model = model::LlamaConfig::from_run_config(config);
+  s.model = config::LlamaConfig::from_run_config(config);
   s.max_steps = config.get_int("max_steps");
   s.global_batch_size = config.get_int("global_batch_size");
   s.block_size = config.get_int("block_size");
@@ -56,7 +56,7 @@ TrainSettings TrainSettings::from_config(const config::Config& config) {
   s.seed = static_cast<uint64_t>(config.get_int("seed"));
   s.resume = config.get_bool("checkpoint.resume");
   s.init_from = config.get_string("checkpoint.init_from");
-  s.trajectory = trajectory_config(config);
+  s.trajectory = checkpoint::trajectory_config(config);
   s.fault = FaultInjection::from_config(config);
   MT_USER_CHECK(s.max_steps >= 1, "max_steps={}: expected at least 1", s.max_steps);
   MT_USER_CHECK(s.eval_every_steps >= 0, "eval.every_steps={}: expected 0 (no evaluation) or more",

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "meshtrain/config/config.hpp"
-#include "meshtrain/model/llama_config.hpp"
+#include "meshtrain/config/llama_config.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/train/adamw.hpp"
 #include "meshtrain/train/lr_schedule.hpp"
@@ -33,7 +33,7 @@ struct TrainSettings {
   explicit TrainSettings(LrSchedule lr_schedule) : schedule(std::move(lr_schedule)) {}
 
   std::filesystem::path output_dir, checkpoints;  // checkpoints = output_dir/checkpoints
-  model::LlamaConfig model;
+  config::LlamaConfig model;
   int64_t max_steps = 0, global_batch_size = 0, block_size = 0;
   int64_t micro_batches = 1;  // gradient_accumulation_steps
   int64_t save_steps = 0, keep = 0;
@@ -46,7 +46,7 @@ struct TrainSettings {
   uint64_t seed = 0;
   bool resume = true;
   std::string init_from;  // a Hugging Face checkpoint directory; "" for none
-  std::map<std::string, std::string> trajectory;  // trajectory_config(): saved with every checkpoint
+  std::map<std::string, std::string> trajectory;  // checkpoint::trajectory_config(): saved with every checkpoint
   FaultInjection fault;
 
   // UserError naming the key for a missing or out-of-range value.

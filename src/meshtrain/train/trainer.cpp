@@ -1,6 +1,8 @@
 // trainer.cpp — train_host: resume, the data pipeline, and the SPMD training step on every local device.
 #include "meshtrain/train/trainer.hpp"
 
+#include "meshtrain/checkpoint/checkpoint_dirs.hpp"
+#include "meshtrain/checkpoint/training_state.hpp"
 #include "meshtrain/common/build_id.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/heap.hpp"
@@ -17,14 +19,12 @@
 #include "meshtrain/runtime/block_cache_allocator.hpp"
 #include "meshtrain/runtime/preemption.hpp"
 #include "meshtrain/train/adamw.hpp"
-#include "meshtrain/train/checkpoint_dirs.hpp"
 #include "meshtrain/train/grad_clip.hpp"
 #include "meshtrain/train/lr_schedule.hpp"
 #include "meshtrain/train/memory_plan.hpp"
 #include "meshtrain/train/mesh_checkpoint.hpp"
 #include "meshtrain/train/metrics.hpp"
 #include "meshtrain/train/train_settings.hpp"
-#include "meshtrain/train/training_state.hpp"
 
 #include <fmt/format.h>
 
@@ -42,37 +42,22 @@ namespace fs = std::filesystem;
 namespace meshtrain::train {
 namespace {
 
-using mesh::Axis;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// How many devices of the (data, fsdp, expert) group hold each row of the batch: the gradient-reduction axes the
-// input sharding leaves out. UserError if the batch is split over `tensor` (its ranks must see the same rows).
-int64_t row_replicas(const mesh::Mesh& mesh, const sharding::PartitionSpec& spec) {
-  const std::vector<Axis>& batch_axes = spec.dims.at(0);
-  auto splits_over = [&](Axis a) { return std::find(batch_axes.begin(), batch_axes.end(), a) != batch_axes.end(); };
-  MT_USER_CHECK(!splits_over(Axis::tensor) || mesh.size(Axis::tensor) == 1,
-                "data.input_sharding splits the batch over tensor, but the ranks of a tensor-parallel group must see "
-                "the same rows; shard the batch over data and fsdp only");
-  int64_t replicas = 1;
-  for (Axis a : {Axis::data, Axis::fsdp, Axis::expert})
-    if (!splits_over(a)) replicas *= mesh.size(a);
-  return replicas;
-}
-
 struct ResumePoint {
   fs::path dir;
-  TrainingState state;
+  checkpoint::TrainingState state;
 };
 
 std::optional<ResumePoint> find_resume_point(const TrainSettings& settings) {
   if (!settings.resume) return std::nullopt;
-  const std::optional<fs::path> dir = newest_complete_checkpoint(settings.checkpoints);
+  const std::optional<fs::path> dir = checkpoint::newest_complete_checkpoint(settings.checkpoints);
   if (!dir) return std::nullopt;
-  model::verify_checkpoint_files(*dir);
-  ResumePoint point{*dir, read_training_state(*dir)};
-  const std::vector<std::string> changes = config_changes(point.state, settings.trajectory);
+  checkpoint::verify_checkpoint_files(*dir);
+  ResumePoint point{*dir, checkpoint::read_training_state(*dir)};
+  const std::vector<std::string> changes = checkpoint::config_changes(point.state, settings.trajectory);
   MT_USER_CHECK(changes.empty(),
                 "{} was trained with another configuration ({}); resuming would not continue that run. Use another "
                 "output_dir, or checkpoint.resume=false to start over",
@@ -127,7 +112,7 @@ void log_memory_used(int host, const MemoryPlan& plan) {
 void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, runtime::HostRuntime& runtime) {
   // Everything the device threads read is resolved here, on the main thread (config.hpp says why).
   const TrainSettings settings = TrainSettings::from_config(config);
-  const model::LlamaConfig& model_config = settings.model;
+  const config::LlamaConfig& model_config = settings.model;
   using Fault = FaultInjection::Kind;
 
   const std::optional<ResumePoint> resume = find_resume_point(settings);
@@ -138,7 +123,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
     MT_USER_CHECK(saved.is_object() && saved.contains("epoch") && saved["epoch"].is_number_integer() &&
                       saved.contains("step") && saved["step"].is_number_integer(),
                   "{}: data_state must hold the integer fields epoch and step, got {}",
-                  (resume->dir / kTrainingStateFile).string(), json_excerpt(saved));
+                  (resume->dir / checkpoint::kTrainingStateFile).string(), json_excerpt(saved));
     start_cursor = {saved["epoch"].get<int64_t>(), saved["step"].get<int64_t>()};
   }
   data::DataPipeline pipeline(config, mesh, host, start_cursor);
@@ -194,10 +179,10 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   std::optional<model::CheckpointTensors> checkpoint_weights;
   if (resume)
     checkpoint_weights.emplace(
-        model::CheckpointTensors::weights(resume->dir, model_config, model::CheckpointTensors::Verify::no));
+        model::CheckpointTensors::weights(resume->dir, model_config, checkpoint::Verify::no));
   else if (!settings.init_from.empty())
     checkpoint_weights.emplace(model::CheckpointTensors::weights(settings.init_from, model_config,
-                                                                 model::CheckpointTensors::Verify::against_marker));
+                                                                 checkpoint::Verify::against_marker));
   const model::SliceSource initial_values =
       checkpoint_weights ? checkpoint_weights->source() : model::initial_value_source(model_config, settings.seed);
 
@@ -230,10 +215,10 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
     auto evaluate = [&](int64_t step) {
       const Clock::time_point start = Clock::now();
       const torch::NoGradGuard no_grad;
-      double local_loss_sum = 0, replicas = 1;
+      double local_loss_sum = 0;
+      const double replicas = static_cast<double>(eval_pipeline->row_replicas());
       for (int64_t b = 0; b < eval_pipeline->batches_per_epoch(); ++b) {
         const data::DeviceBatch batch = eval_pipeline->next(ctx);
-        replicas = static_cast<double>(row_replicas(ctx.mesh(), batch.input_ids.spec()));
         local_loss_sum += parallel_model
                               .loss_sum(batch.input_ids.local().to(at::kLong), batch.labels.local().to(at::kLong))
                               .item<double>();
@@ -260,7 +245,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       const double alltoall_before = ctx.counters().seconds(runtime::Collective::all_to_all);
       const std::map<std::string, int64_t> bytes_before = collective_bytes(ctx.counters());
       data::DeviceBatch batch = pipeline.next(ctx);
-      const double replicas = static_cast<double>(row_replicas(ctx.mesh(), batch.input_ids.spec()));
+      const double replicas = static_cast<double>(pipeline.row_replicas());
       const at::Tensor inputs_BT = batch.input_ids.local().to(at::kLong);
       const at::Tensor labels_BT = batch.labels.local().to(at::kLong);
       MT_USER_CHECK(inputs_BT.size(0) % settings.micro_batches == 0,
@@ -323,14 +308,14 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
       if ((settings.save_steps > 0 && step % settings.save_steps == 0) || step == settings.max_steps || preempted) {
         data::DataCursor next = batch.cursor;
         if (++next.step == pipeline.batches_per_epoch()) next = {next.epoch + 1, 0};
-        const TrainingState state = TrainingState::at_step(settings.trajectory, settings.seed, step,
+        const checkpoint::TrainingState state = checkpoint::TrainingState::at_step(settings.trajectory, settings.seed, step,
                                                            step * global_tokens, pipeline.state(next));
         const bool die_in_save = settings.fault.fires(Fault::kill_in_save, step, ctx.device());
-        save_mesh_checkpoint(checkpoint_dir_for_step(settings.checkpoints, step), ctx, parallel_model, optimizer,
+        save_mesh_checkpoint(checkpoint::checkpoint_dir_for_step(settings.checkpoints, step), ctx, parallel_model, optimizer,
                              state, [&] {
                                if (die_in_save) ::kill(::getpid(), SIGKILL);
                              });
-        if (ctx.device() == 0) remove_old_checkpoints(settings.checkpoints, settings.keep);
+        if (ctx.device() == 0) checkpoint::remove_old_checkpoints(settings.checkpoints, settings.keep);
         ctx.report_progress(step);
       }
       if (preempted) {
@@ -345,7 +330,7 @@ void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, 
   });
   if (const int64_t step = preempted_at_step.load(); step > 0)
     log::info("Host {}: preempted at step {}; saved {}", host, step,
-              checkpoint_dir_for_step(settings.checkpoints, step).string());
+              checkpoint::checkpoint_dir_for_step(settings.checkpoints, step).string());
   else
     log::info("Training finished on host {} at step {}", host, settings.max_steps);
   log_memory_used(host, memory_plan);

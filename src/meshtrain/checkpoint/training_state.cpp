@@ -1,5 +1,5 @@
 // training_state.cpp — training_state.json: fields, the trajectory config and its fingerprint, atomic write, read.
-#include "meshtrain/train/training_state.hpp"
+#include "meshtrain/checkpoint/training_state.hpp"
 
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/checksum.hpp"
@@ -16,7 +16,7 @@
 
 namespace fs = std::filesystem;
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 namespace {
 
 constexpr const char* kFormat = "meshtrain-training-state";
@@ -87,7 +87,7 @@ TrainingState TrainingState::at_step(const std::map<std::string, std::string>& t
   state.data_state = std::move(data_state);
   state.seed = seed;
   state.config = trajectory;
-  state.config_fingerprint = train::config_fingerprint(state.config);
+  state.config_fingerprint = checkpoint::config_fingerprint(state.config);
   return state;
 }
 
@@ -132,7 +132,7 @@ std::vector<std::string> config_changes(const TrainingState& state, const std::m
   return changes;
 }
 
-model::CheckpointFile write_training_state(const fs::path& dir, const TrainingState& state) {
+CheckpointFile write_training_state(const fs::path& dir, const TrainingState& state) {
   const std::string text = state.to_json().dump(2) + "\n";
   fs::create_directories(dir);
   AtomicFileWriter writer(dir / kTrainingStateFile);
@@ -151,4 +151,4 @@ TrainingState read_training_state(const fs::path& dir) {
   return TrainingState::from_json(parse_json(text.str(), path.string()), path.string());
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

@@ -1,4 +1,4 @@
-// collectives.hpp — collectives as differentiable operations, for tensor parallelism (Megatron's f and g).
+// autograd_collectives.hpp — collectives as differentiable operations, for tensor parallelism (Megatron's f and g).
 //
 //   copy_to_group(x)      forward: x (every rank already holds all of it)    backward: all-reduce sum of the gradient
 //   reduce_from_group(x)  forward: all-reduce sum of the partial x           backward: the gradient as it is

@@ -1,5 +1,5 @@
 // shard_format.cpp — shard header (de)serialization with its checks, and the index file as JSON.
-#include "meshtrain/tokens/shard_format.hpp"
+#include "meshtrain/token_shards/shard_format.hpp"
 
 #include <charconv>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "meshtrain/common/file_names.hpp"
 #include "meshtrain/common/json_read.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 namespace {
 
 // Byte offsets of the header fields (little-endian).
@@ -204,4 +204,4 @@ ShardIndex index_from_json(const std::string& text, const std::filesystem::path&
   return index;
 }
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-namespace meshtrain::model {
+namespace meshtrain::config {
 
 // Llama-3.1 frequency scaling of the rotary embedding (HF `rope_scaling` with `rope_type: llama3`).
 struct Llama3RopeScaling {
@@ -47,7 +47,7 @@ struct LlamaConfig {
   bool is_moe() const { return num_local_experts > 0; }
 
   // Reads the `model` subtree of a run config (the keys of configs/model/<name>.yaml). Validates.
-  static LlamaConfig from_run_config(const config::Config& config);
+  static LlamaConfig from_run_config(const Config& config);
   // Reads a Hugging Face config.json object (unknown keys are ignored; unsupported features are errors naming the
   // key). `source` names the file in messages.
   static LlamaConfig from_hf_json(const nlohmann::json& json, const std::string& source);
@@ -71,4 +71,4 @@ struct LlamaConfig {
 
 bool operator==(const LlamaConfig& a, const LlamaConfig& b);
 
-}  // namespace meshtrain::model
+}  // namespace meshtrain::config

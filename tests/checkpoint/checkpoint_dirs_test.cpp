@@ -1,8 +1,8 @@
 // checkpoint_dirs_test.cpp — step folder names, choosing the newest complete checkpoint (an incomplete newer one
 // skipped with a warning, a ".partial" one never a candidate), publishing a partial folder whole, and pruning old
 // ones without ever touching the newest complete one.
-#include "meshtrain/model/hf_checkpoint.hpp"
-#include "meshtrain/train/checkpoint_dirs.hpp"
+#include "meshtrain/checkpoint/checkpoint_dirs.hpp"
+#include "meshtrain/checkpoint/hf_directory.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 
 namespace fs = std::filesystem;
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 namespace {
 
 class CheckpointDirsTest : public ::testing::Test {
@@ -22,7 +22,7 @@ class CheckpointDirsTest : public ::testing::Test {
     const fs::path dir = checkpoint_dir_for_step(root(), step);
     fs::create_directories(dir);
     std::ofstream(dir / "model.safetensors") << "weights";
-    if (complete) std::ofstream(dir / model::kCompletionMarker) << "{\"files\": []}";
+    if (complete) std::ofstream(dir / kCompletionMarker) << "{\"files\": []}";
     return dir;
   }
   const fs::path& root() const { return scratch_.path(); }
@@ -98,7 +98,7 @@ TEST_F(CheckpointDirsTest, APartialFolderIsNeverACandidateAndIsCleanedAfterASave
   const fs::path ten = make(10, true);
   const fs::path partial = partial_checkpoint_dir(checkpoint_dir_for_step(root(), 20));
   fs::create_directories(partial);
-  std::ofstream(partial / model::kCompletionMarker) << "{\"files\": []}";  // even a marker does not make it one
+  std::ofstream(partial / kCompletionMarker) << "{\"files\": []}";  // even a marker does not make it one
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(newest_complete_checkpoint(root()), ten);
   const std::string err = ::testing::internal::GetCapturedStderr();
@@ -118,14 +118,14 @@ TEST_F(CheckpointDirsTest, ASaveStartsFromAnEmptyPartialFolderAndReplacesAnOlder
   ::testing::internal::CaptureStderr();
   const fs::path partial = begin_partial_checkpoint(dir);
   EXPECT_TRUE(fs::is_empty(partial));
-  std::ofstream(partial / model::kCompletionMarker) << "{\"files\": []}";
+  std::ofstream(partial / kCompletionMarker) << "{\"files\": []}";
   publish_checkpoint(dir);
   ::testing::internal::GetCapturedStderr();
   EXPECT_FALSE(fs::exists(partial));
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
-  EXPECT_EQ(names, std::vector<std::string>{model::kCompletionMarker});
+  EXPECT_EQ(names, std::vector<std::string>{kCompletionMarker});
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

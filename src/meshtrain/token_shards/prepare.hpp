@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "meshtrain/tokenizer/tokenizer.hpp"
-#include "meshtrain/tokens/shard_format.hpp"
+#include "meshtrain/token_shards/shard_format.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 
 struct PrepareOptions {
   // Files or directories; a directory contributes its *.txt, *.jsonl files (sorted by name). A .jsonl file holds
@@ -29,4 +29,4 @@ struct PrepareOptions {
 // and line), or an existing output without `overwrite`.
 ShardIndex prepare_token_shards(const tokenizer::Tokenizer& tokenizer, const PrepareOptions& options);
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

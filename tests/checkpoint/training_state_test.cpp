@@ -1,8 +1,7 @@
 // training_state_test.cpp — training_state.json round trips (in memory and through a checkpoint folder with its
 // completion marker), malformed files named, and the config fingerprint with the changed keys it names.
+#include "meshtrain/checkpoint/training_state.hpp"
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/model/hf_checkpoint.hpp"
-#include "meshtrain/train/training_state.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +11,7 @@
 
 namespace fs = std::filesystem;
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 namespace {
 
 config::Config run_config(const std::vector<std::string>& overrides) {
@@ -39,15 +38,15 @@ TEST(TrainingStateTest, JsonRoundTrip) {
 TEST(TrainingStateTest, WrittenBesideACheckpointAndVerified) {
   meshtrain::testing::ScratchDir scratch("meshtrain_training_state_test");
   const fs::path dir = scratch.path() / "step-000020";
-  const model::CheckpointFile entry = write_training_state(dir, sample_state());
+  const CheckpointFile entry = write_training_state(dir, sample_state());
   EXPECT_EQ(entry.name, kTrainingStateFile);
   EXPECT_EQ(entry.bytes, fs::file_size(dir / kTrainingStateFile));
-  model::write_completion_marker(dir, {entry});
-  EXPECT_NO_THROW(model::verify_checkpoint_files(dir));
+  write_completion_marker(dir, {entry});
+  EXPECT_NO_THROW(verify_checkpoint_files(dir));
   EXPECT_EQ(read_training_state(dir).step, 20);
 
   std::ofstream(dir / kTrainingStateFile, std::ios::app) << " ";  // damage it
-  EXPECT_THROW(model::verify_checkpoint_files(dir), UserError);
+  EXPECT_THROW(verify_checkpoint_files(dir), UserError);
 }
 
 TEST(TrainingStateTest, MalformedStateIsNamed) {
@@ -120,4 +119,4 @@ TEST(TrainingStateTest, ConfigChangesNameEachChangedKey) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

@@ -1,5 +1,5 @@
 // checkpoint_dirs.hpp — the trainer's checkpoint folders under <output_dir>/checkpoints: one per saved step,
-// named "step-000020", each a Hugging Face checkpoint directory plus the training state (model/hf_checkpoint.hpp,
+// named "step-000020", each a Hugging Face checkpoint directory plus the training state (hf_directory.hpp,
 // training_state.hpp), complete once its completion marker exists.
 //
 // A save writes into a fresh "step-000020.partial" folder and publishes it whole, by renaming it to "step-000020",
@@ -8,7 +8,7 @@
 //
 // Resume takes the newest *complete* folder. A newer incomplete one (the run died while saving it) is skipped with a
 // warning naming it, never silently: the run continues from the complete one; a complete folder that turns out
-// damaged is refused when it is loaded (model::verify_checkpoint_files), it is not skipped.
+// damaged is refused when it is loaded (verify_checkpoint_files), it is not skipped.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 
 // <root>/step-<step, 6 digits or more>.
 std::filesystem::path checkpoint_dir_for_step(const std::filesystem::path& root, int64_t step);
@@ -44,4 +44,4 @@ std::optional<std::filesystem::path> newest_complete_checkpoint(const std::files
 // each removal.
 void remove_old_checkpoints(const std::filesystem::path& root, int64_t keep);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

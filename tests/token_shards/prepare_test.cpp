@@ -1,7 +1,7 @@
 // prepare_test.cpp — `meshtrain prepare` on small corpora: token counts and contents checked exactly, documents
 // separated by the end-of-text token, shards cut at document boundaries, JSONL errors naming file and line, and
 // no directory left behind by a failed run.
-#include "meshtrain/tokens/prepare.hpp"
+#include "meshtrain/token_shards/prepare.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <fstream>
 
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/tokens/shard_reader.hpp"
+#include "meshtrain/token_shards/shard_reader.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 namespace {
 
 namespace fs = std::filesystem;
@@ -166,4 +166,4 @@ TEST_F(TokensPrepareTest, ExistingOutputNeedsForce) {
 }
 
 }  // namespace
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

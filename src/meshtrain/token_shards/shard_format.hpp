@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 
 inline constexpr char kShardMagic[8] = {'M', 'T', 'T', 'O', 'K', 'E', 'N', 'S'};
 inline constexpr uint32_t kShardVersion = 1;
@@ -76,4 +76,4 @@ std::string index_to_json(const ShardIndex& index);
 // Parses index.json; UserError naming `file` and the field that is missing or wrong.
 ShardIndex index_from_json(const std::string& text, const std::filesystem::path& file);
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

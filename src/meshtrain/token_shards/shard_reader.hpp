@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/tokens/shard_format.hpp"
+#include "meshtrain/token_shards/shard_format.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 
 // The exit status of a process that read a mapped file someone truncated (EX_IOERR of sysexits.h).
 inline constexpr int kTruncatedWhileMapped = 74;
@@ -111,4 +111,4 @@ class ShardDirectory {
   std::vector<TokenShard> shards_;
 };
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

@@ -1,5 +1,5 @@
 // shard_writer.cpp — streaming shard writer with a running CRC-32C over the payload.
-#include "meshtrain/tokens/shard_writer.hpp"
+#include "meshtrain/token_shards/shard_writer.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -8,7 +8,7 @@
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 
 ShardWriter::ShardWriter(std::filesystem::path path, uint32_t token_bytes, std::string tokenizer_name,
                          std::string tokenizer_fingerprint)
@@ -80,4 +80,4 @@ ShardEntry ShardWriter::finish() {
           header_.payload_crc32c, max_token_};
 }
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

@@ -1,9 +1,9 @@
 // checkpoint_dirs.cpp — naming, publishing, listing, choosing and pruning step-NNNNNN checkpoint folders.
-#include "meshtrain/train/checkpoint_dirs.hpp"
+#include "meshtrain/checkpoint/checkpoint_dirs.hpp"
 
+#include "meshtrain/checkpoint/hf_directory.hpp"
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/log.hpp"
-#include "meshtrain/model/hf_checkpoint.hpp"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 
 namespace fs = std::filesystem;
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 namespace {
 
 constexpr const char* kPrefix = "step-";
@@ -71,7 +71,7 @@ fs::path begin_partial_checkpoint(const fs::path& dir) {
 void publish_checkpoint(const fs::path& dir) {
   if (fs::exists(dir)) {
     log::info("replacing the older folder {} with this save", dir.string());
-    fs::remove(dir / model::kCompletionMarker);  // first: a crash mid-removal leaves an incomplete folder
+    fs::remove(dir / kCompletionMarker);  // first: a crash mid-removal leaves an incomplete folder
     fs::remove_all(dir);
   }
   fs::rename(partial_checkpoint_dir(dir), dir);
@@ -90,9 +90,9 @@ std::optional<fs::path> newest_complete_checkpoint(const fs::path& root) {
                    folder.path.string());
       continue;
     }
-    if (model::is_complete_checkpoint(folder.path)) return folder.path;
+    if (is_complete_checkpoint(folder.path)) return folder.path;
     log::warning("checkpoint {} is incomplete (no {}: the run stopped while saving it); skipping it",
-                 folder.path.string(), model::kCompletionMarker);
+                 folder.path.string(), kCompletionMarker);
   }
   return std::nullopt;
 }
@@ -106,16 +106,16 @@ void remove_old_checkpoints(const fs::path& root, int64_t keep) {
       continue;
     }
     if (keep <= 0) continue;
-    const bool complete = model::is_complete_checkpoint(folder.path);
+    const bool complete = is_complete_checkpoint(folder.path);
     if (complete) ++complete_seen;
     // Incomplete folders newer than the newest complete one are left alone (complete_seen is still 0 there).
     const bool remove = complete ? complete_seen > keep : complete_seen > 0;
     if (!remove) continue;
     log::info("removing {} checkpoint {} (checkpoint.keep={})", complete ? "old" : "incomplete", folder.path.string(),
               keep);
-    fs::remove(folder.path / model::kCompletionMarker);  // first: a crash mid-removal leaves an incomplete folder
+    fs::remove(folder.path / kCompletionMarker);  // first: a crash mid-removal leaves an incomplete folder
     fs::remove_all(folder.path);
   }
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

@@ -11,10 +11,10 @@
 
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/tokens/shard_reader.hpp"
-#include "meshtrain/tokens/shard_writer.hpp"
+#include "meshtrain/token_shards/shard_reader.hpp"
+#include "meshtrain/token_shards/shard_writer.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 namespace {
 
 namespace fs = std::filesystem;
@@ -252,4 +252,4 @@ TEST_F(TokensShardTest, UnfinishedWriterLeavesNoFile) {
 }
 
 }  // namespace
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

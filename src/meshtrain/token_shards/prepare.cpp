@@ -1,6 +1,6 @@
 // prepare.cpp — the prepare pipeline: read documents in batches, tokenize the batches on a pool of threads, write
 // them in input order into shards while the pool goes on.
-#include "meshtrain/tokens/prepare.hpp"
+#include "meshtrain/token_shards/prepare.hpp"
 
 #include <unistd.h>
 
@@ -19,9 +19,9 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
-#include "meshtrain/tokens/shard_writer.hpp"
+#include "meshtrain/token_shards/shard_writer.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 namespace fs = std::filesystem;
 
 namespace {
@@ -354,4 +354,4 @@ ShardIndex prepare_token_shards(const tokenizer::Tokenizer& tokenizer, const Pre
   return index;
 }
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <optional>
 
-#include "meshtrain/tokens/shard_format.hpp"
+#include "meshtrain/token_shards/shard_format.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 
 class ShardWriter {
  public:
@@ -40,4 +40,4 @@ class ShardWriter {
   std::optional<uint32_t> max_token_;  // recorded in the index entry
 };
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

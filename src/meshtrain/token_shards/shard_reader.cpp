@@ -1,6 +1,6 @@
 // shard_reader.cpp — memory mapping (with the SIGBUS handler that names a shard truncated while mapped) and the
 // up-front validation of shard directories.
-#include "meshtrain/tokens/shard_reader.hpp"
+#include "meshtrain/token_shards/shard_reader.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/tokenizer/tokenizer.hpp"
 
-namespace meshtrain::tokens {
+namespace meshtrain::token_shards {
 namespace fs = std::filesystem;
 namespace {
 
@@ -275,4 +275,4 @@ ShardDirectory ShardDirectory::open(const fs::path& dir, const OpenOptions& opti
   return result;
 }
 
-}  // namespace meshtrain::tokens
+}  // namespace meshtrain::token_shards

@@ -1,5 +1,5 @@
 // llama_config.cpp — LlamaConfig from the run config and from/to Hugging Face config.json; derived counts.
-#include "meshtrain/model/llama_config.hpp"
+#include "meshtrain/config/llama_config.hpp"
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/json_read.hpp"
@@ -8,11 +8,11 @@
 #include <tuple>
 #include <type_traits>
 
-namespace meshtrain::model {
+namespace meshtrain::config {
 namespace {
 
 // A YAML/JSON value that may be absent or null: the caller's default applies.
-bool present(const config::Config& config, const std::string& key) {
+bool present(const Config& config, const std::string& key) {
   return config.has(key) && !config.node(key).IsNull();
 }
 
@@ -54,7 +54,7 @@ int64_t token_id(const nlohmann::json& json, const char* key, const std::string&
 
 }  // namespace
 
-LlamaConfig LlamaConfig::from_run_config(const config::Config& config) {
+LlamaConfig LlamaConfig::from_run_config(const Config& config) {
   LlamaConfig c;
   c.vocab_size = config.get_int("model.vocab_size");
   c.hidden_size = config.get_int("model.hidden_size");
@@ -268,4 +268,4 @@ double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
 
 bool operator==(const LlamaConfig& a, const LlamaConfig& b) { return a.to_hf_json("") == b.to_hf_json(""); }
 
-}  // namespace meshtrain::model
+}  // namespace meshtrain::config

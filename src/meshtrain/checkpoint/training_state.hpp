@@ -1,7 +1,7 @@
 // training_state.hpp — the training state saved beside a checkpoint's weights, as `training_state.json`: the step,
 // the data cursor, the seed and the config the run was trained with. The optimizer's moments are tensors and are
 // saved by the trainer as safetensors files next to it; the learning rate is a function of the step
-// (lr_schedule.hpp), so it needs no state.
+// (train/lr_schedule.hpp), so it needs no state.
 //
 // The config is kept as its trajectory keys (everything that changes what is computed: model, data, optimizer,
 // schedule, batch, seed; not output paths, logging, checkpointing, the mesh or the runtime) with a fingerprint of
@@ -11,8 +11,8 @@
 //  "data_state": {...}, "config_fingerprint": "3f2a9c1e", "config": {"optimizer.learning_rate": "0.003", ...}}
 #pragma once
 
+#include "meshtrain/checkpoint/hf_directory.hpp"
 #include "meshtrain/config/config.hpp"
-#include "meshtrain/model/hf_checkpoint.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 
 inline constexpr const char* kTrainingStateFile = "training_state.json";
 
@@ -52,10 +52,10 @@ std::string config_fingerprint(const std::map<std::string, std::string>& traject
 // keys too); empty when the fingerprints match.
 std::vector<std::string> config_changes(const TrainingState& state, const std::map<std::string, std::string>& trajectory);
 
-// Writes <dir>/training_state.json atomically and returns its entry for model::write_completion_marker.
-model::CheckpointFile write_training_state(const std::filesystem::path& dir, const TrainingState& state);
+// Writes <dir>/training_state.json atomically and returns its entry for write_completion_marker.
+CheckpointFile write_training_state(const std::filesystem::path& dir, const TrainingState& state);
 // Reads <dir>/training_state.json; UserError naming the file if it is missing or malformed. (Its size and checksum
-// are checked by model::verify_checkpoint_files.)
+// are checked by verify_checkpoint_files.)
 TrainingState read_training_state(const std::filesystem::path& dir);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

@@ -1,5 +1,5 @@
-// collectives.cpp — copy_to_group and reduce_from_group as torch::autograd::Functions.
-#include "meshtrain/parallel/collectives.hpp"
+// autograd_collectives.cpp — copy_to_group and reduce_from_group as torch::autograd::Functions.
+#include "meshtrain/parallel/autograd_collectives.hpp"
 
 #include "meshtrain/common/error.hpp"
 
