@@ -1,20 +1,11 @@
-// config.hpp — the run's configuration: YAML files under configs/ plus torchprime/Hydra-style overrides.
+// config.hpp — the run's configuration: configs/defaults.yaml (every known key with its default; a `defaults:` list
+// selects config groups), configs/<group>/<name>.yaml (a group option, loaded under key <group>), then
+// torchprime/Hydra-style overrides: `key.sub=value` sets a known key, `<group>=<name>` selects a group option.
 //
-//   configs/defaults.yaml        every known key with its default; a `defaults:` list selects config groups
-//   configs/<group>/<name>.yaml  a group option (model/llama-3-8b.yaml, dataset/...), loaded under key <group>
-//
-// Overrides on the command line: `key.sub=value` sets a known key (the value must have the key's type);
-// `<group>=<name>` selects a group option (`model=llama-3-8b`). An unknown key is an error naming the key and the
-// closest known keys; a value of the wrong type names the key, the value and the expected type.
-//
-// Every YAML text (files, saved configs, override values) is checked before it is used: at most 1 MiB, values of at
-// most 64 KiB, keys of at most 256 bytes, nesting at most 32 levels, at most 100,000 values once aliases are
-// expanded; a `defaults:` entry must be `<group>: <name>`. Anything else is a UserError naming the file (or key) and
-// the limit.
-//
-// A Config is a yaml-cpp tree, and yaml-cpp nodes are not safe to read from several threads at once, even through
-// const (jbeder/yaml-cpp #419, #1350). Read it on the main thread only: each part resolves what it needs into plain
-// structs (RuntimeOptions, TrainSettings, ...) before any device thread starts.
+// Every error is a UserError naming the key: an unknown key (with the closest known keys), a value of the wrong type
+// (with the value and the expected type), YAML text past the limits of docs/cli.md (with the file and the limit).
+// A Config is not safe to read from several threads, even through const: read it on the main thread only, and
+// resolve what device threads need into plain structs (RuntimeOptions, TrainSettings, ...) before they start.
 #pragma once
 
 #include <yaml-cpp/yaml.h>

@@ -27,11 +27,10 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 template <typename Ready>
 void HostLoader::wait_until(std::unique_lock<AdaptiveMutex>& lock, Ready&& ready) {
-  // The other side is usually a few microseconds away (a batch of 32 rows of 1 K tokens is read in about 5 us),
-  // while falling asleep on the condition variable and being woken costs a system call on each side, more than the
-  // read itself on this machine (perf of loader_bench: half of its time in the kernel). So first watch the change
-  // counter without the lock and without system calls, then yield the core, and only sleep after kPollFor: a device
-  // thread that takes one batch per step polls at most once a step.
+  // The other side is usually a few microseconds away, while falling asleep on the condition variable and being
+  // woken costs a system call on each side, more than reading a batch on these machines (BENCHMARKS.md, "Host
+  // loader"). So first watch the change counter without the lock and without system calls, then yield the core, and
+  // only sleep after kPollFor: a device thread that takes one batch per step polls at most once a step.
   constexpr auto kPollFor = std::chrono::microseconds(50);
   const auto give_up = std::chrono::steady_clock::now() + kPollFor;
   while (!ready()) {

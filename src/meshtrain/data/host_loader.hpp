@@ -1,17 +1,10 @@
-// host_loader.hpp — HostLoader: reads this host's rows of each global batch into a host-local batch, ahead of the
-// training loop, in background threads.
+// host_loader.hpp — HostLoader: reads this host's rows of each global batch into a host-local int32 batch, ahead of
+// the training loop, in background threads (how: docs/data.md, "Host loader").
 //
-// Batch n is the n-th global batch from the start cursor (GlobalSampler order, epochs rolling over). Its rows are
-// split into threads + 1 shares (fewer when there are fewer rows), so that several threads read one batch side by
-// side: a worker claims the next unclaimed share (opening the next batch number when the newest has none left), looks
-// up the sample ids of its rows (random access into the sampler's permutation) and copies each sample's tokens out
-// of the memory-mapped shards into its rows of the batch's int32 buffer; the batch is ready once every share is
-// read. A consumer whose batch is not ready claims and reads shares too instead of only waiting (the "+ 1": on a
-// machine with as many loader threads as cores, a waiting consumer would otherwise take a core from them). At most
-// `prefetch_steps` batches are open or waiting beyond those every consumer has taken. Every local device thread is a
-// consumer and takes every batch, in order; a batch is dropped once all of them have taken it, and its buffer is
-// reused for a later batch once nothing refers to it any more (fresh buffers would page-fault on every batch, which
-// costs more than the copy). The lock is an AdaptiveMutex: the hand-over's critical sections are short.
+// Batch n is the n-th global batch from the start cursor (GlobalSampler order, epochs rolling over). Every consumer
+// (each local device thread) takes every batch, in order; take() returns once the batch is read (the consumer reads
+// shares of it meanwhile) and rethrows a worker's failure. At most `prefetch_steps` batches are read ahead of the
+// slowest consumer; a batch's buffer is reused for a later batch only once nothing refers to it.
 //
 // Legend: R = host-local rows (ReadPlan::rows), T1 = block_size + 1 tokens.
 #pragma once

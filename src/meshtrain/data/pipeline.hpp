@@ -1,17 +1,12 @@
-// pipeline.hpp — DataPipeline: the data path of one host, from the config to each device's sharded batch.
+// pipeline.hpp — DataPipeline: the data path of one host, from the config to each device's sharded batch (stages,
+// logs and the resume state: docs/data.md).
 //
 //   token shards --TokenDataset--> samples --GlobalSampler--> global batch (epoch, step) --ReadPlan--> this host's
 //   rows --HostLoader--> host-local batch (background threads) --next()--> GlobalTensors, one shard per local device
 //
-// next() is the device loader: every local device cuts its shard out of the host-local batch
-// (GlobalTensor::from_host_local), with zero collectives. With debug.data_shapes on, the first debug.data_shape_steps
-// steps log `[host_loader]` (once per host) and `[device_loader]` (per device) lines with shapes and placement, and
-// device 0 draws the input batch's sharding picture once. The data state is one cursor plus what identifies the
-// dataset; it does not depend on the mesh, so a run can resume on another mesh or host count (see docs/data.md).
-//
-// An evaluation pipeline (Purpose::evaluation) is the same path over the held-out samples (eval.* keys): the last
-// eval.holdout_fraction of dataset.path's samples, which the training pipeline then leaves out, or every sample of
-// eval.dataset. Its batches come in rounds of eval.batches that are the same every round (one fixed order).
+// next() is the device loader: each local device cuts its shard out of the host-local batch with zero collectives.
+// The data state is one cursor plus what identifies the dataset, not the mesh, so a run can resume on another mesh
+// or host count. An evaluation pipeline (Purpose::evaluation) is the same path over the held-out samples.
 #pragma once
 
 #include "meshtrain/config/config.hpp"

@@ -1,15 +1,10 @@
 // fused_cross_entropy.hpp — the training loss of the output head, sum over tokens of -log softmax(h W^T)[target],
-// computed in chunks of rows so that the [N, V] logits never exist whole.
+// computed in chunks of rows so that the [N, V] logits never exist whole; the gradients for h and W are made in the
+// same pass and kept, so backward only scales them (why: docs/parallelism.md, "The loss without the logits").
+// Numerics follow the unfused path: logits in the compute dtype of h, converted to fp32 for the softmax; gradients
+// back in the compute dtype for the matmuls, W's summed over chunks in fp32.
 //
 // Legend: N tokens (rows), D hidden size, V vocabulary.
-//
-// Unfused, a step keeps four [N, V] fp32 tensors alive at once (the logits, their log-softmax, and both gradients:
-// 0.5 GB for 8 x 128 tokens of a 32k vocabulary, the largest activation of a small model). Here each chunk's
-// logits live only while the chunk is processed, and (as Liger-Kernel's fused linear cross-entropy does) the
-// gradients for h and W are computed in the same pass and kept, so the backward only scales them by the incoming
-// gradient: no logits recomputation, the same matmul FLOPs as unfused. Numerics follow the unfused path: logits in
-// the compute dtype of h, converted to fp32 for the softmax; gradients back in the compute dtype for the matmuls, W's
-// summed over chunks in fp32.
 #pragma once
 
 #include <torch/torch.h>

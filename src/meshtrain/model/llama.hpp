@@ -1,15 +1,9 @@
-// llama.hpp — the Llama-3 decoder for one device (no communication in it), as a plain torch::nn::Module tree whose
+// llama.hpp — the Llama-3 decoder for one device (no communication in it), as a torch::nn::Module tree whose
 // parameter names are Hugging Face's (`model.embed_tokens.weight`, `model.layers.0.self_attn.q_proj.weight`, ...,
-// `model.norm.weight`, `lm_head.weight`), so checkpoints map one to one and a parallelizer can work from outside:
-//
-//   * every projection is a `Linear` (an abstract y = x W^T with weight [out, in]); `replace_linear(name, ...)` swaps
-//     one for a column- or row-parallel version. Attention infers its local head count from q_proj's output width,
-//     so a q/k/v projection that returns a slice of the heads just works.
-//   * `set_layer_runner` lets the caller run each decoder layer itself (FSDP gathers, activation checkpointing).
-//   * `next_token_logits` decodes with a KV cache (text generation): each new token costs one position.
-//
-// Parameters are kept in fp32; `set_compute_dtype(kBFloat16)` runs the matmuls in bf16 (weights cast on the fly,
-// gradients land in fp32), with RMSNorm statistics, softmax and the logits in fp32.
+// `model.norm.weight`, `lm_head.weight`), so checkpoints map one to one. A parallelizer works from outside:
+// replace_linear swaps a projection, set_layer_runner runs each decoder layer (docs/model.md, "For a parallelizer").
+// Parameters stay fp32; set_compute_dtype(kBFloat16) runs the matmuls in bf16 (weights cast on the fly, gradients
+// land in fp32), with RMSNorm statistics, softmax and the logits in fp32.
 //
 // Shape suffixes: B batch, T sequence (positions), D hidden_size, V vocab, H query heads (local), K key/value heads
 // (local), G query heads per key/value head (H = K*G), E head_dim, F intermediate_size, S key positions (= T).

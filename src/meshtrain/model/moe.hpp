@@ -1,27 +1,11 @@
-// moe.hpp — the Mixtral sparse mixture-of-experts block (Hugging Face MixtralSparseMoeBlock: parameters
-// `block_sparse_moe.gate.weight` [E, D] and `block_sparse_moe.experts.<e>.{w1,w2,w3}.weight`), which replaces a
-// Llama layer's MLP when the config has num_local_experts > 0, and RouterStats, what one forward pass routed (the
-// load-balancing loss and the load metrics).
+// moe.hpp — MixtralSparseMoe, the Mixtral sparse mixture-of-experts block (Hugging Face's MixtralSparseMoeBlock:
+// `block_sparse_moe.gate.weight` [E, D], `block_sparse_moe.experts.<e>.{w1,w2,w3}.weight`) that replaces a Llama
+// layer's MLP when num_local_experts > 0, and RouterStats, what one forward pass routed. Routing, capacity, the
+// load-balancing loss and its gradient: docs/parallelism.md, "Mixture of experts".
 //
-// Routing is Hugging Face's: router logits x W_g^T in fp32, softmax over all E experts, the top k, their weights
-// renormalized to sum to 1. Each expert is a SwiGLU w2(silu(w1 x) * w3 x); a token's output is the weighted sum of
-// its k experts' outputs. Compute is grouped: the N*k routed slots are sorted by expert (token order within one) and
-// each expert runs once on its contiguous rows, also when it has none (its gradient is then zero, not missing).
-// Dropless by default; with a capacity factor c > 0 each expert takes at most ceil(c * N * k / E) of this forward's
-// slots, in token order, and drops the rest (a dropped slot adds nothing: the token keeps its residual).
-//
-// The load-balancing loss is Hugging Face's load_balancing_loss_func over every layer's router, times
-// router_aux_loss_coef in the objective:
-//     aux_loss = E * sum_e f_e * P_e,   f_e = (slots routed to e) / (layers * tokens),
-//                                       P_e = (sum of the router probabilities of e) / (layers * tokens),
-// with the counts and sums over the whole global batch (f sums to k over the experts). Its gradient reaches each
-// layer's router through the probability sums: dAux/dP_e is known only once every layer has routed, so each layer
-// attaches its sums to its output and the backward pass hands them RouterStats::probability_gradient() (the way
-// Megatron attaches its aux loss; it works unchanged when a checkpointed layer recomputes its forward in backward).
-//
-// A parallelizer changes the block from outside: keep_experts (expert parallelism keeps its own experts),
-// shard_over_tensor (each expert's w1/w3 rows and w2 columns split over tensor ranks) and set_exchange (how the
-// sorted slot rows reach the devices of their experts and come back).
+// A parallelizer changes the block from outside: keep_experts, shard_over_tensor, set_exchange. RouterStats must be
+// closed (summed over the batch) at the end of each forward pass, before backward asks it for the load-balancing
+// gradient.
 //
 // Shape suffixes: N tokens, D hidden_size, E experts (all of them), K experts per token, S routed slots (rows sorted
 // by expert), F intermediate_size (this tensor rank's part), R rows of the local experts.

@@ -1,12 +1,8 @@
-// autograd_collectives.hpp — collectives as differentiable operations, for tensor parallelism (Megatron's f and g).
-//
+// autograd_collectives.hpp — collectives as differentiable operations, for tensor parallelism (Megatron's f and g)
+// and the expert-parallel exchange:
 //   copy_to_group(x)      forward: x (every rank already holds all of it)    backward: all-reduce sum of the gradient
 //   reduce_from_group(x)  forward: all-reduce sum of the partial x           backward: the gradient as it is
-//
-//   all_to_all_rows(x, send_rows, receive_rows)
-//                         forward: rank r gets send_rows[r] rows of x (in rank order), every rank's rows for this
-//                         one arrive in rank order; backward: the gradients go back the same way (counts swapped)
-//
+//   all_to_all_rows       forward: x's rows to their ranks (below)           backward: the same exchange, reversed
 // A column-parallel linear starts with copy_to_group (its input is replicated, each rank's gradient with respect
 // to it is partial); a row-parallel linear ends with reduce_from_group (each rank's output is a partial sum).
 // The Comm must outlive the autograd graph (it does: it lives in the device's context for the whole run).

@@ -1,20 +1,12 @@
-// fsdp.hpp — one FSDP unit: a group of parameters (a decoder layer; the embedding table, the final norm or lm_head)
-// kept as one flat fp32 buffer, sharded over the `fsdp` group, that the optimizer updates in place.
+// fsdp.hpp — FsdpUnit: one FSDP unit, a group of parameters (a decoder layer; the embedding table, the final norm or
+// lm_head) kept as one flat fp32 buffer of the members' (tensor-parallel-local) parameters in order, padded with zeros
+// to a multiple of the fsdp group size n and sharded over `fsdp`; the optimizer updates the shard in place.
 //
-// Life of a unit in a step (n = fsdp group size > 1):
-//   gather()       all-gather of the shards (fp32, or bf16 with bf16 compute) into a full flat fp32 buffer (fp32:
-//                  written there directly); the module's parameters become views of it
-//                  (prefetch() starts that all-gather early, while the previous layer computes)
-//   forward        the layer runs on the gathered parameters
-//   free_full()    (reshard after forward) the full buffer's storage is released; the parameters keep their shape
-//   gather()       again before the layer's backward (a hook on the layer's output gradient)
-//   start_reducing_gradients()   after the layer's backward: the parameters' gradients are copied into send
-//                  pieces of at most kReducePieceElements whose reduce-scatters start at once, and the full buffer is
-//                  freed; the communication proceeds while the layer before computes its backward
-//   finish_reducing_gradients()  waits for them and adds this rank's pieces into grad_shard() (summed over
-//                  micro-batches); reduce_gradients_from_params() does both at once
-// With n = 1 the shard is the full buffer and the parameters are views of it for the whole run: no copies.
-// The flat buffer is the members' (tensor-parallel-local) parameters in order, padded with zeros to a multiple of n.
+// Every rank of the group calls, in the same order: gather() (prefetch() may start it early) before the unit runs,
+// making the module's parameters views of the full buffer; free_full() after it when resharding; after its backward
+// start_reducing_gradients() then finish_reducing_gradients() (or reduce_gradients_from_params() for both), which add
+// this rank's piece into grad_shard(), summed over micro-batches. With n = 1 the shard is the full buffer and the
+// parameters are views of it for the whole run: no copies. How a step uses it: docs/parallelism.md.
 #pragma once
 
 #include "meshtrain/parallel/tensor_parallel.hpp"

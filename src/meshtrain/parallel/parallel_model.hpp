@@ -1,32 +1,13 @@
-// parallel_model.hpp — a single-device Llama made SPMD over the mesh from outside: tensor parallelism over
-// `tensor`, FSDP over `fsdp`, data parallelism over `data` (with fsdp > 1 too: the hybrid layout), and for a Mixtral
-// expert parallelism over `expert` (parallel/expert_parallel.hpp), which outside the experts is more data
-// parallelism: the batch rows are split over it too and the other parameters' gradients summed over (data, expert).
+// parallel_model.hpp — ParallelModel: a single-device Llama (or Mixtral) made SPMD over the mesh from outside:
+// tensor parallelism over `tensor`, FSDP over `fsdp`, data parallelism over `data` (hybrid with fsdp > 1), and expert
+// parallelism over `expert`, which outside the experts splits the batch rows like `data`. What each device holds and
+// where each call communicates: docs/parallelism.md.
 //
-// Every device builds the same model, its parameters allocated but never written, and hands it here with where the
-// values come from (the initializer, a checkpoint): the device asks that source for its tensor-parallel block of
-// each projection and its FSDP shard of every unit, and nothing else, so no device ever holds the whole model.
-// The FSDP units, in checkpoint and shard-buffer order: the embedding table, each decoder layer, the final norm, and
-// lm_head (with tied embeddings the table is the head's weight and there is no lm_head unit); a Mixtral then has one
-// unit per layer of this device's experts (gathered, freed and reduce-scattered with its layer).
-// Where it communicates:
-//   forward          all-gather of each unit's shards over fsdp when it runs: the embedding for the lookup (freed
-//                    after it), each layer (the next one's started while the current one computes), the final norm
-//                    and the head (started during the last layer); the head's weight gradient, made by the fused
-//                    loss in forward, is reduce-scattered there and then, and the head freed; tensor-parallel
-//                    all-reduces inside attention and MLP
-//   backward         the final norm's reduce-scatter, then each layer: all-gather again (if resharded after forward;
-//                    the previous layer's started) and reduce-scatter of its gradients over fsdp, started when its
-//                    backward ends and finished when the next unit's starts (it overlaps the layer before's backward);
-//                    finish_backward(): the last of those, and the embedding's reduce-scatter (the lookup's gradient)
-//   MoE layers       per layer and pass, over `expert`: an all_to_all of the slot counts and two all-to-alls of
-//                    the routed rows (forward and backward); at the end of forward, one all-reduce of the routing
-//                    statistics over the batch axes (the load-balancing loss is over the global batch)
-//   synchronize_gradients()   one all-reduce of every gradient shard over `data` (after the last micro-batch), the
-//                    non-expert ones over (data, expert)
-//   gradient_norm()  one all-reduce over fsdp and one over tensor of two scalars
-// A checkpointed layer repeats its forward (and its tensor-parallel all-reduces) in backward, after the regather.
-// With every axis of size 1 nothing communicates and the parameters are the optimizer's buffers (no copies).
+// Every device builds the same model, its parameters allocated but never written, and hands it here with the source
+// of the values; each device reads only its own pieces, so no device ever holds the whole model. The calls are
+// collective: every device makes them in the same order (per micro-batch loss_sum, its backward, finish_backward();
+// per step synchronize_gradients(), then gradient_norm()). With every axis of size 1 nothing communicates and the
+// parameters are the optimizer's buffers (no copies).
 #pragma once
 
 #include "meshtrain/mesh/mesh_roles.hpp"

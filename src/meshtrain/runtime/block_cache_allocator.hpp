@@ -1,18 +1,8 @@
-// block_cache_allocator.hpp — the CPU allocator a meshtrain host process installs for libtorch: large tensor
-// buffers are mapped blocks kept for reuse, bounded by the process's peak of live bytes.
-//
-// Why (BENCHMARKS.md, "Memory per host"): libtorch on CPU takes every tensor from malloc. Kept in glibc's heap, the
-// gigabytes a step frees (activations, gathered units, logits) stay resident and fragment between device threads
-// (heaptrack: 3.7 GB live, 6.6 GB resident at fsdp=4); handed back to the kernel instead (glibc's mmap chunks),
-// every step page-faults them in again (a third of a llama-10m step). This allocator keeps freed large blocks mapped
-// in per-size classes, so the next step reuses them without faults, and caps what it keeps: when a request misses
-// the cache and the mapped total would pass the peak of live bytes plus a slack (a fraction of the peak,
-// memory.cache_slack: half by default), it resizes the cached block closest in size to the request (mremap: its
-// resident pages serve again, only the growth faults) and unmaps the least recently freed blocks while still over.
-// Resident memory then follows the live peak, not its fragmentation.
-//
-// Requests below kLargeBlockBytes go to libtorch's own allocator (malloc). Not installed under AddressSanitizer,
-// which must see every buffer's free to find a use after it.
+// block_cache_allocator.hpp — the CPU allocator a meshtrain host process installs for libtorch: tensor buffers of
+// kLargeBlockBytes and more are mapped blocks kept per size class for reuse, what is kept capped at the process's
+// peak of live bytes plus a slack (memory.cache_slack), so resident memory follows the live peak and not the heap's
+// fragmentation; smaller requests go to malloc. set_up_process_memory installs it, before any thread starts; not
+// under AddressSanitizer, which must see every free. Why, and how it evicts: docs/runtime.md ("Memory:").
 #pragma once
 
 #include <cstddef>
@@ -21,9 +11,8 @@
 namespace meshtrain::runtime {
 
 // Requests of at least this many bytes are mapped blocks. 256 KiB, not more: with activation checkpointing a layer's
-// activations are mostly tensors of a few hundred KB (llama-100m, 256 tokens x 768 fp32: 768 KB), and in glibc's one
-// arena the four device threads' frees of those left a 350 MB heap of which 44 MB were in use (BENCHMARKS.md,
-// "Memory per host").
+// activations are mostly tensors of a few hundred KB (llama-100m, 256 tokens x 768 fp32: 768 KB), which the device
+// threads' frees would otherwise fragment in glibc's one arena (BENCHMARKS.md, "Memory per host").
 inline constexpr size_t kLargeBlockBytes = size_t{1} << 18;
 
 struct BlockCacheStats {
@@ -37,9 +26,9 @@ struct BlockCacheStats {
   uint64_t unmapped = 0;         // cached blocks given back to the kernel to stay under the cap
 };
 
-// The slack by default: half the live peak. Measured on llama-100m at fsdp=4 (1 host x 4 device threads, 4 steps,
-// BENCHMARKS.md "Memory per host"): a half keeps malloc's step time; an eighth lowers the host's peak resident
-// memory by 0.46-0.57 GB and costs 0-23% step time (blocks resized, unmapped and faulted again every step).
+// The slack by default: half the live peak, which keeps malloc's step time; a smaller slack lowers the host's peak
+// resident memory and costs step time (blocks resized, unmapped and faulted again every step; BENCHMARKS.md, "Memory
+// per host").
 inline constexpr double kDefaultBlockCacheSlack = 0.5;
 
 // Sets the slack: what the cache may keep mapped beyond the peak of live bytes, as a fraction of that peak (at

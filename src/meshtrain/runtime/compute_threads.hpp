@@ -1,20 +1,9 @@
 // compute_threads.hpp — the thread counts of the compute pools a device thread calls into, set from
-// runtime.threads_per_device so that the devices of one host process share its cores instead of fighting over them.
-//
-// Two pools matter on CPU: torch's intra-op pool (OpenMP; its size is per calling thread, so each device thread sets
-// its own) and OpenBLAS's, which libtorch reaches for fp32 matmuls. OpenBLAS keeps one pool per process whatever
-// thread calls it, sized to every core by default: with several device threads computing at once their matmuls
-// queued for that one pool (1 host x 2 devices ran at the speed of 1 device; issue 15). Its size is set here to the
-// threads of one device, so a device's matmul runs on its own threads (in the calling thread itself at 1).
-// Found at run time (dlsym): a libblas.so.3 that is not OpenBLAS (Debian's alternatives) is left alone.
-//
-// The two pools also fight within one device of several threads: libgomp (the OpenMP runtime behind torch's pool)
-// keeps an idle worker spinning for a while after every parallel region, on a core OpenBLAS's workers want for the
-// next matmul. llama-10m on 1 device of 2 threads ran at 1235-1468 tokens/s, with libgomp's workers sleeping when
-// idle (OMP_WAIT_POLICY=PASSIVE) at 2335-2387, and on 1 thread at 2141-2199 (bench/model_step_bench, issue 15).
-// libgomp reads the policy once, when it is loaded, so a process that will run several intra-op threads on fp32 sets
-// it and restarts itself (restart_with_passive_openmp_waits). bf16 matmuls run in oneDNN on torch's own pool, where
-// the spinning saves wake-ups: llama-100m bf16 on 2 threads ran at 618-668 tokens/s spinning, 535-611 passive.
+// runtime.threads_per_device so that the devices of one host process share its cores instead of fighting over them:
+// torch's intra-op pool (sized per calling thread: each device thread sets its own), OpenBLAS's (one per process, set
+// once before the device threads start; found at run time, a libblas.so.3 that is not OpenBLAS is left alone) and
+// libgomp's wait policy (restart_with_passive_openmp_waits, before the process starts threads). Why:
+// docs/runtime.md, "One process per host, one thread per device"; figures: BENCHMARKS.md, "Devices in one process".
 #pragma once
 
 #include <c10/core/ScalarType.h>

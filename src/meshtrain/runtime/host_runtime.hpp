@@ -1,18 +1,11 @@
-// host_runtime.hpp — one host process of a job: rendezvous, the start-up agreement, one worker thread per local
-// device, and the failure model.
+// host_runtime.hpp — HostRuntime: one host process of a job: the rendezvous (host 0 serves the control plane), the
+// start-up agreement (agree_on_job, once, before any collective exists), one worker thread per local device
+// (run_on_devices; rank = global device id) and the failure model (docs/runtime.md, "Failure").
 //
-// Host 0 serves the job's control plane (control/server.hpp); every host and every device thread connects to it with a
-// connection of its own, admitted by the job secret.
-// The watchdog (watchdog.hpp) starts before the rendezvous. Before any collective exists the hosts agree on the job
-// (agree_on_job: config, build, dataset, resume point, shared storage). Each local device then runs the same function
-// on its own thread with a DeviceContext (rank = global device id); its groups are Gloo process groups over the store.
-//
-// The failure model (docs/runtime.md): the first failure anywhere is published once in the store and every host ends
-// within about failure_timeout_s, printing that first reason and its devices' last collectives, with exit code
-//   1  this host failed (a device threw, a device hangs)        2  usage or start-up refusal, on every host
-//   3  another host failed, or the coordinator was lost
-// A device whose collective fails in the transport (a peer went away) does not report that first: it waits for the
-// watchdog to learn the real reason, and reports its own only if none comes.
+// The first failure anywhere is published once and every host ends within about failure_timeout_s, printing that
+// first reason and its devices' last collectives, with exit code 1 (this host failed: a device threw or hangs),
+// 2 (usage or start-up refusal, on every host) or 3 (another host failed, or the coordinator was lost). A device whose
+// collective fails in the transport waits for the real reason and reports its own only if none comes.
 #pragma once
 
 #include "meshtrain/mesh/mesh.hpp"

@@ -1,16 +1,11 @@
 // local_group.hpp — LocalGroup: collectives between the device threads of one host process through their shared
-// memory, instead of through Gloo's TCP connections to itself.
+// memory, instead of through Gloo's TCP connections to itself (docs/runtime.md, "Collectives").
 //
-// The devices of one host are threads of one process; a group whose members all live here (fsdp=4 on 1 host x 4
-// devices, the fsdp part of 2 hosts x 4) can move a tensor with one memcpy where loopback TCP costs a copy into the
-// kernel, one out of it and the transport threads' time, all on the cores the device threads compute on (parallel_bench
-// at fsdp=2: 60-80 ms of a 0.8 s step). Each collective is numbered per group and member; a member posts its part
-// (a private copy, so that its caller may change the tensor as soon as the collective returns or is waited for, as
-// with Gloo), and reads the other members' parts when it waits. Posting never blocks, and waiting needs only that
-// every member has posted: no member waits for another to wait, so the group deadlocks exactly where Gloo would.
-//
-// Waits give up after the collective timeout with a CollectiveError naming the members that had not arrived (the
-// runtime then finds the job's first failure, as for a Gloo timeout).
+// Each collective is numbered per group and member. A member posts a private copy of its part, so its caller may
+// change the tensor as soon as the collective returns or is waited for (as with Gloo), and reads the others' parts
+// when it waits. Posting never blocks and waiting needs only that every member has posted, so the group deadlocks
+// exactly where Gloo would. A wait gives up after the collective timeout with a CollectiveError naming the members
+// that had not arrived (the runtime then finds the job's first failure, as for a Gloo timeout).
 #pragma once
 
 #include "meshtrain/mesh/mesh.hpp"

@@ -1,18 +1,9 @@
-// global_tensor.hpp — GlobalTensor: one device's view of a tensor with a global shape split over the mesh.
+// global_tensor.hpp — GlobalTensor: one device's view of a tensor with a global shape split over the mesh, carrying
+// (global shape, mesh, partition spec, this device's shard). SPMD: every device thread holds one per global tensor.
 //
-// SPMD: every device thread runs the same program and holds one GlobalTensor object per global tensor, carrying
-// (global shape, mesh, partition spec, this device's shard). Which calls communicate:
-//   from_host_local, from_global, shard bounds, type string ......... none (local slicing only)
-//   gather ............................................................ all-reduce over partial axes, all-gather over
-//                                                                       each sharded dimension's axes (logged at debug
-//                                                                       level with the bytes moved)
-//   redistribute ...................................................... only what the change needs: an all-reduce for
-//                                                                       partial axes that become replicated, an
-//                                                                       all-gather for a dimension whose new shard
-//                                                                       is not inside the old one; none otherwise
-//   check_replicas .................................................... one all-gather of an 8-byte hash per device
-// Every collective is issued by every device of the group, in the same order, because every device runs the same
-// calls with the same specs.
+// from_host_local, from_global, the shard bounds and the type string communicate nothing; gather, redistribute and
+// check_replicas are collectives (what each moves: docs/sharding.md, "What communicates"), which every device of the
+// group must call in the same order with the same specs, as SPMD code does.
 #pragma once
 
 #include "meshtrain/mesh/mesh.hpp"

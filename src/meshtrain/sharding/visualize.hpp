@@ -1,24 +1,6 @@
-// visualize.hpp — the sharding picture: which device holds which part of a global tensor.
-//
-// The grid tiles the first two dimensions (a 1-D tensor is a column of tiles); every tile names the index ranges of
-// the shard(s) in it and, for each device holding them, the device id, its host and its mesh coordinates along the
-// axes of size > 1. Devices holding the same shard (replicas) are listed together in one tile; for rank > 2 a tile
-// lists each distinct shard of the remaining dimensions with its devices. Tiles have equal sizes, which is
-// proportional since shards of one tensor have equal sizes. Box-drawing characters, with a background colour per
-// tile when asked (a terminal). Example, a weight [4, 8] with rows over data and columns over tensor on 2 hosts x 4
-// devices, data=2 x fsdp=2 x tensor=2:
-//
-//   w bf16[4@data, 8@tensor] on mesh data=2 x fsdp=2 x tensor=2 x expert=1 (2 hosts x 4 devices per host)
-//   ┌─────────────────────────────────────────────┬─────────────────────────────────────────────┐
-//   │                 [0:2, 0:4]                  │                 [0:2, 4:8]                  │
-//   │ device 0 (host 0, data=0, fsdp=0, tensor=0) │ device 1 (host 0, data=0, fsdp=0, tensor=1) │
-//   │ device 2 (host 0, data=0, fsdp=1, tensor=0) │ device 3 (host 0, data=0, fsdp=1, tensor=1) │
-//   ├─────────────────────────────────────────────┼─────────────────────────────────────────────┤
-//   │                 [2:4, 0:4]                  │                 [2:4, 4:8]                  │
-//   │ device 4 (host 1, data=1, fsdp=0, tensor=0) │ device 5 (host 1, data=1, fsdp=0, tensor=1) │
-//   │ device 6 (host 1, data=1, fsdp=1, tensor=0) │ device 7 (host 1, data=1, fsdp=1, tensor=1) │
-//   └─────────────────────────────────────────────┴─────────────────────────────────────────────┘
-//   Devices listed under one range hold the same shard (replicas along fsdp).
+// visualize.hpp — the sharding picture: which device holds which part of a global tensor, as a grid of tiles over
+// the first two dimensions, each naming its index ranges and the devices that hold them (id, host, mesh coordinates),
+// replicas listed together. How to read it, with examples: docs/sharding.md, "The picture". No call communicates.
 #pragma once
 
 #include "meshtrain/mesh/mesh.hpp"

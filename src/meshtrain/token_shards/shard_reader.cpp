@@ -25,9 +25,9 @@ namespace {
 // The copy of token ids to 4 bytes (widening 2-byte ones), the host loader's inner loop, which also returns the
 // largest id copied (for the loader's check against the vocabulary: one vector max per 8 ids, in registers). On
 // x86-64 compiled twice, for AVX2 (one vpmovzxwd per 8 ids) and for the baseline (SSE2), the loader picking the one
-// the CPU runs (GCC's target_clones, resolved once at load time); 1.3x faster on a batch of 32 rows (loader_bench,
-// BENCHMARKS.md). Not in the sanitizer builds: their runtimes are not started yet when the dynamic loader runs the
-// resolver (the TSan test binary crashed at load).
+// the CPU runs (GCC's target_clones, resolved once at load time; BENCHMARKS.md, "Host loader"). Not in the sanitizer
+// builds: their runtimes are not started yet when the dynamic loader runs the resolver, and the binary would crash
+// at load.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
     !defined(__SANITIZE_ADDRESS__)
 #define MESHTRAIN_TOKEN_COPY_CLONES __attribute__((target_clones("avx2", "default")))

@@ -1,18 +1,11 @@
 // shard_reader.hpp — opens a token-shard directory, validates it up front, and gives memory-mapped, zero-copy
-// access to each shard's tokens (uint16 or uint32) and document boundaries.
+// access to each shard's tokens (uint16 or uint32) and document boundaries. Each failed check is a UserError naming
+// the file and the check (the checks, in order: docs/formats.md, "Validation when a directory is opened").
 //
-// Validation, in order, each failure a UserError naming the file and the check: index present and well-formed
-// (an interrupted `prepare` leaves none), tokenizer as expected, each shard present, not truncated, right magic,
-// right version, header checksum, counts equal to the index, payload CRC-32C, document offsets in order, token ids
-// below the tokenizer's vocabulary size (the largest id is recorded per shard in the index; it is recomputed when
-// checksums are verified, and whenever an older index lacks it).
-//
-// A shard truncated *after* it was opened and checked (by another process, in place) would make the next read of
-// its mapping raise SIGBUS. MappedFile registers each mapping with a SIGBUS handler that, for a fault inside a
-// mapped shard, prints which file went short and at which byte, and ends the process with kTruncatedWhileMapped;
-// faults elsewhere go to the handler installed before it (or the default action). An exception cannot be thrown
-// from the fault, and reading through pread() instead would give up the zero-copy mapping the data path is built
-// on. Replacing a shard by rename is harmless: the mapping keeps the old file.
+// A shard truncated in place after it was opened makes the next read of its mapping raise SIGBUS: the handler that
+// MappedFile registers prints which file went short and at which byte and ends the process with kTruncatedWhileMapped
+// (no exception can be thrown from the fault); faults elsewhere go to the handler installed before it (or to the
+// default action). Replacing a shard by rename is harmless: the mapping keeps the old file.
 #pragma once
 
 #include <cstdint>

@@ -23,7 +23,7 @@ namespace meshtrain::tokenizer {
 namespace {
 
 // A fixed-size array in anonymous memory that asks for transparent huge pages: the lookup tables below are probed
-// at random, and with 4 KiB pages most probes of a 30 MB table would also miss the TLB.
+// at random, and with 4 KiB pages most probes of a table of several MB would also miss the TLB.
 template <typename T>
 class HugePageArray {
  public:
@@ -53,11 +53,10 @@ size_t table_capacity(size_t entries) {
 
 // The tokens of recently encoded pieces, per thread. Natural text repeats a few thousand words: a probe here stays in
 // the core's caches, where the vocabulary's tables (4 MB of tokens and 8 MB of pairs for cl100k) are probed at random
-// and miss to memory (perf: those loads were 60% of encoding; a word that is not one token costs about three pair
-// probes per byte). A piece of 2 to 16 bytes that is at most 3 tokens is kept; 65536 entries of 32 bytes in sets of
-// two, the least recently used of a set replaced. (Moby-Dick has more distinct pieces than the 32768 direct-mapped
-// 64-byte entries this replaced: those missed on 5.7% of the pieces, this on 1.6%, and encoding ran about 1.4x as
-// fast.)
+// and miss to memory, several pair probes per byte of a word that is not one token. A piece of 2 to 16 bytes that is
+// at most 3 tokens is kept; 65536 entries of 32 bytes in sets of two, the least recently used of a set replaced, so
+// that two frequent pieces that share a slot do not evict each other on every use (the miss rates and speeds:
+// BENCHMARKS.md, "Tokenizer").
 class PieceCache {
  public:
   static constexpr size_t kMaxBytes = 16, kMaxIds = 3;
@@ -121,10 +120,10 @@ class PieceCache {
 
 std::atomic<uint64_t> tokenizers_built{0};
 
-// Threads that help encode_parallel() calls, kept for the life of the process: each keeps its piece cache warm from
-// one call to the next, where a thread started per call began with an empty one (2 MiB to fill again, on half of
-// the text at 2 threads). Calls from several threads at once share the helpers; a call's own thread always works on
-// it too, so a call finishes even when every helper is busy elsewhere.
+// Threads that help encode_parallel() calls, kept for the life of the process: each keeps its piece cache (2 MiB)
+// warm from one call to the next, where a thread started per call would begin with an empty one. Calls from several
+// threads at once share the helpers; a call's own thread always works on it too, so a call finishes even when every
+// helper is busy elsewhere.
 class EncodeHelpers {
  public:
   static EncodeHelpers& instance() {
@@ -505,7 +504,7 @@ std::vector<uint32_t> Tokenizer::encode_parallel(std::string_view text, int thre
   std::vector<std::vector<uint32_t>> results(chunks);
   EncodeHelpers::instance().run(chunks, std::min<int>(threads, int(chunks)) - 1, [&](size_t i) {
     // Into a vector of this thread's own: results[i] sits next to the other threads' vectors, and appending
-    // through it would write their shared cache line on every token (2 threads ran 1.2x one, not 2x).
+    // through it would write their shared cache line on every token.
     std::vector<uint32_t> ids;
     ids.reserve((cuts[i + 1] - cuts[i]) / 3);
     encode_ordinary(text.substr(cuts[i], cuts[i + 1] - cuts[i]), ids);

@@ -1,15 +1,7 @@
 // memory_plan.hpp — how much memory a training job needs per device and per host, estimated from the model's
 // shapes and the layout before anything is allocated, and the refusal (with what would make it fit) when a host
 // does not have it. `train` logs the plan and checks it at start-up; `meshtrain plan --memory` prints it for any
-// layout without starting.
-//
-// Per device: the fp32 parameter shard, its gradient shard, the AdamW moments (+ one shard-sized scratch), what
-// FSDP gathers during a step (the larger of the head's weight with its gradient from the loss and one layer, the
-// next one prefetched and a layer's gradient before the reduce-scatter; with fsdp=1 and bf16 compute, the bf16
-// weight copies kept for backward), the activations autograd keeps for backward (per layer and token, from the ops
-// in model/llama.cpp; with activation checkpointing only each checkpointed layer's input plus one layer being
-// recomputed) and the loss (the fused head cross-entropy's kept gradients and one chunk of logits). Per host: the
-// devices of the host plus the process itself (libtorch, Gloo, the data loader; measured, kProcessBytes).
+// layout without starting. What each term counts: docs/parallelism.md, "The memory plan".
 #pragma once
 
 #include "meshtrain/common/host_memory.hpp"

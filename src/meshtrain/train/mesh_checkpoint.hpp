@@ -1,23 +1,12 @@
-// mesh_checkpoint.hpp — training checkpoints written by every device of a mesh, loadable on any mesh (and by
-// Hugging Face: the weights are its sharded layout).
+// mesh_checkpoint.hpp — training checkpoints written by every device of a mesh and loadable on any mesh (and by
+// Hugging Face: the weights are its sharded layout): the weights, the AdamW moments, training_state.json and the
+// completion marker, written into a fresh "<dir>.partial" folder (checkpoint_dirs.hpp) that is published whole as
+// `dir`. Files and who writes what: docs/parallelism.md, "Checkpoints on a mesh".
 //
-//   config.json                                  LlamaConfig keys (+ meshtrain's format key)
-//   model-0000k-of-0000W.safetensors            full weights under Hugging Face names, fp32
-//   model.safetensors.index.json                tensor name -> file
-//   optimizer-0000k-of-0000W.safetensors        AdamW moments: "<name>.exp_avg", "<name>.exp_avg_sq"
-//   training_state.json                         step, data state, seed, trajectory config (training_state.hpp)
-//   meshtrain_complete.json                     written last, listing every file with its size and CRC-32C
-//
-// Tensor i (in the parallel model's unit order) goes to file (i mod W), W = min(devices, tensors), and device k
-// writes file k: the devices of data replica 0 send their pieces of tensor i to device (i mod W) point to point
-// (ParallelModel::assemble_whole_tensors: the state crosses the network at most once, in parts of at most 8 MB, so
-// no device holds more than one part and its received pieces), which streams each part into its file, checksumming
-// as it writes. Every file goes into a fresh "<dir>.partial" folder (checkpoint_dirs.hpp). Device 0 writes the small
-// files and, once every device's sizes and checksums have arrived (an all-gather that is also the barrier), the
-// completion marker, then publishes the folder whole by renaming it to `dir`. A save that fails (a full disk) removes
-// the partial folder and leaves the older checkpoints as they were. Loading needs no communication: each device
-// reads only the byte ranges of its own tensor blocks and FSDP shards (model::CheckpointTensors) in the files the
-// marker lists, whatever mesh wrote the checkpoint (resharding).
+// A save is collective over the world; no device holds more than one part of a tensor (at most 8 MB) and its
+// received pieces at a time. A save that fails removes its partial folder and leaves the older checkpoints as they
+// were. Loading needs no communication: each device reads only its own byte ranges of the files the marker lists,
+// whatever mesh wrote them.
 #pragma once
 
 #include "meshtrain/checkpoint/training_state.hpp"

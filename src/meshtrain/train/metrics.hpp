@@ -1,30 +1,11 @@
-// metrics.hpp — what the trainer reports each step, and where: a torchprime-style log line every logging_steps
-// (and at step 1 and the last step), the same numbers as one JSON object per logged step in
-// <output_dir>/metrics.jsonl, and a one-line progress bar on stderr when stderr is a terminal.
+// metrics.hpp — MetricsLogger: the trainer's report of each step: a log line every logging_steps (and at steps 1 and
+// max_steps), the same numbers as a JSON line in <output_dir>/metrics.jsonl and, with metrics.tensorboard,
+// TensorBoard scalars; a progress bar when stderr is a terminal. Keys, tags, averaging: docs/training.md, "Metrics".
 //
-// Loss, grad norm and learning rate are those of the logged step; throughput and times (tokens/s, MFU, step, data
-// wait, compute, communication) are averaged over the steps since the previous logged line, so one slow step does
-// not make the line lie. MFU = flops_per_token * tokens/s per device / peak FLOP/s per device, printed only when
-// the peak is known. A non-finite loss stops the run with a UserError naming the step (torchprime raises too).
-//
-// metrics.jsonl keys: step, epoch, loss, grad_norm, lr, tokens_per_s, tokens_per_s_per_device, mfu (null when the
-// peak is unknown), step_time_s, data_wait_s, compute_s, comm_s, peak_rss_gb (the host's peak resident memory so
-// far), and comm_bytes: the payload bytes device 0 passed to each kind of collective during the logged step
-// ({"allgather": .., "reduce_scatter": .., "allreduce": .., "alltoall": .., "broadcast": ..}). A Mixtral's lines add
-// aux_loss (Hugging Face's load-balancing loss, without router_aux_loss_coef, averaged over the step's micro-batches;
-// `loss` stays the language-model cross entropy), expert_load (the token slots routed to each expert over the global
-// batch, summed over layers and micro-batches), expert_load_max_over_mean, dropped_fraction and alltoall_s (the time
-// device 0 waited in all-to-alls during the logged step: the exposed expert-parallel exchange). An evaluation adds its
-// own line: step, eval_loss, eval_perplexity, eval_tokens, eval_time_s. Each line is flushed as it is written, so a
-// crash keeps the lines before it; a run that starts at step s (resumed from a checkpoint at s - 1, or s = 1 for a
-// fresh run) first drops the lines for steps >= s (an atomic rewrite), so the file holds one line per step (and one
-// per evaluation).
-//
-// With metrics.tensorboard on, the writer also adds each line's numbers to a TensorBoard event file under
-// <output_dir>/tensorboard (tensorboard/event_writer.hpp) as scalars tagged <group>/<key>: train/ (loss, grad_norm,
-// lr), throughput/ (tokens_per_s, tokens_per_s_per_device, mfu when known), time/ (step_time_s, data_wait_s,
-// compute_s, comm_s), memory/peak_rss_gb, moe/ (aux_loss, expert_load_max_over_mean, dropped_fraction) and eval/
-// (eval_loss, eval_perplexity).
+// comm_bytes: the payload bytes device 0 passed to each kind of collective in the step. Routing: a Mixtral's aux_loss
+// (without router_aux_loss_coef, averaged over the micro-batches), slots routed per expert over the global batch, the
+// dropped fraction, device 0's time in all-to-alls. first_step s: the file's lines for steps >= s are dropped first
+// (an atomic rewrite); each line is flushed as written. A non-finite loss is a UserError naming the step.
 #pragma once
 
 #include "meshtrain/config/config.hpp"
