@@ -53,15 +53,17 @@ struct DeviceStep {
   int64_t collectives = 0;          // issued by next()
 };
 
-// Runs `steps` steps of the data path on every device of `mesh`: one DataPipeline per host starting at `start`, one
-// thread per device. With `check_replicas`, the first and last steps also run the replica check (collective).
-// Returns, per device, what next() gave at every step; fails the test on any device's exception.
-std::vector<std::vector<DeviceStep>> run_job(const config::Config& config, const mesh::Mesh& mesh, DataCursor start,
+// Runs `steps` steps of the data path on every device of `mesh`: one DataPipeline per host starting where
+// `saved_state` says (null: at the first batch), one thread per device. With `check_replicas`, the first and last
+// steps also run the replica check (collective). Returns, per device, what next() gave at every step; fails the test
+// on any device's exception.
+std::vector<std::vector<DeviceStep>> run_job(const config::Config& config, const mesh::Mesh& mesh,
+                                             const nlohmann::json* saved_state,
                                              int64_t steps, bool check_replicas = false,
                                              DataPipeline::Purpose purpose = DataPipeline::Purpose::training) {
   std::vector<std::unique_ptr<DataPipeline>> pipelines;
   for (int host = 0; host < mesh.hosts(); ++host)
-    pipelines.push_back(std::make_unique<DataPipeline>(config, mesh, host, start, purpose));
+    pipelines.push_back(std::make_unique<DataPipeline>(config, mesh, host, saved_state, purpose));
   std::vector<std::vector<DeviceStep>> got(mesh.num_devices());
   testing::expect_no_failures(testing::run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     for (int64_t step = 0; step < steps; ++step) {
@@ -239,7 +241,7 @@ TEST_F(DataPipelineTest, WholeEpochsOnEveryMeshReadEachSampleOnceInTheSamplersOr
     const config::Config mesh_config = data_config(dir_, {"data.input_sharding=" + m.input_sharding});
     std::vector<DataCursor> cursors;
     const std::vector<at::Tensor> batches =
-        assemble(run_job(mesh_config, m.mesh, {0, 0}, steps, /*check_replicas=*/true), 8, 8, &cursors);
+        assemble(run_job(mesh_config, m.mesh, nullptr, steps, /*check_replicas=*/true), 8, 8, &cursors);
     ASSERT_EQ(batches.size(), static_cast<size_t>(steps));
     std::vector<std::set<int64_t>> seen(2);
     for (int64_t k = 0; k < steps; ++k) {
@@ -263,14 +265,14 @@ TEST_F(DataPipelineTest, EvaluationReadsOnlyHeldOutSamplesTheSameBatchesEveryRou
       data_config(dir_, {"eval.every_steps=5", "eval.batches=2", "eval.holdout_fraction=0.1"});
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
   std::set<int64_t> trained;
-  for (const at::Tensor& batch : assemble(run_job(config, mesh, {0, 0}, 2 * 22), 8, 8))
+  for (const at::Tensor& batch : assemble(run_job(config, mesh, nullptr, 2 * 22), 8, 8))
     for (int64_t id : sample_ids(batch, 8)) trained.insert(id);
   EXPECT_GE(trained.size(), 176u);  // two epochs of 176 samples, each leaving out a different 4 of the 180
   EXPECT_LT(*trained.rbegin(), 180);
 
   // Two rounds of evaluation.
   const std::vector<at::Tensor> evaluated =
-      assemble(run_job(config, mesh, {0, 0}, 4, /*check_replicas=*/true, DataPipeline::Purpose::evaluation), 8, 8);
+      assemble(run_job(config, mesh, nullptr, 4, /*check_replicas=*/true, DataPipeline::Purpose::evaluation), 8, 8);
   std::set<int64_t> held_out;
   for (int64_t k = 0; k < 2; ++k) {
     EXPECT_TRUE(at::equal(evaluated[k], evaluated[k + 2])) << "round 2 read other batches at batch " << k;
@@ -285,14 +287,14 @@ TEST_F(DataPipelineTest, EvaluationReadsOnlyHeldOutSamplesTheSameBatchesEveryRou
   // Another mesh evaluates the same batches.
   const mesh::Mesh other = mesh::Mesh::create(axis_sizes(1, 2, 2, 1), axis_sizes(2, 1, 1, 1), 4, 2);
   const std::vector<at::Tensor> on_other =
-      assemble(run_job(config, other, {0, 0}, 2, false, DataPipeline::Purpose::evaluation), 8, 8);
+      assemble(run_job(config, other, nullptr, 2, false, DataPipeline::Purpose::evaluation), 8, 8);
   for (int64_t k = 0; k < 2; ++k) EXPECT_TRUE(at::equal(on_other[k], evaluated[k])) << "batch " << k;
 
   // The held-out split is part of the data state: a run saved with it does not resume without it.
   const mesh::Mesh one = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
-  const nlohmann::json saved = DataPipeline(config, one, 0, {0, 0}).state({0, 3});
+  const nlohmann::json saved = DataPipeline(config, one, 0, nullptr).state({0, 3});
   try {
-    DataPipeline(data_config(dir_), one, 0, {0, 0}).check_state(saved);
+    DataPipeline(data_config(dir_), one, 0, nullptr).check_state(saved);
     ADD_FAILURE() << "resumed without the held-out split";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("samples: saved [0,180], now [0,200]"), std::string::npos) << e.what();
@@ -300,7 +302,7 @@ TEST_F(DataPipelineTest, EvaluationReadsOnlyHeldOutSamplesTheSameBatchesEveryRou
   // Too few held-out samples for eval.batches names the keys.
   try {
     DataPipeline(data_config(dir_, {"eval.every_steps=5", "eval.batches=3", "eval.holdout_fraction=0.1"}), one, 0,
-                 {0, 0}, DataPipeline::Purpose::evaluation);
+                 nullptr, DataPipeline::Purpose::evaluation);
     ADD_FAILURE() << "3 batches of 8 from 20 held-out samples";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("eval.batches=3 needs 3 x 8 (global_batch_size) = 24 held-out samples"),
@@ -313,24 +315,24 @@ TEST_F(DataPipelineTest, ResumeOnAnotherMeshContinuesWithTheSameBatches) {
   const config::Config config = data_config(dir_);
   const mesh::Mesh before = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
   const mesh::Mesh after = mesh::Mesh::create(axis_sizes(1, 2, 2, 1), axis_sizes(2, 1, 1, 1), 4, 2);
-  const std::vector<at::Tensor> uninterrupted = assemble(run_job(config, before, {0, 0}, 32), 8, 8);
+  const std::vector<at::Tensor> uninterrupted = assemble(run_job(config, before, nullptr, 32), 8, 8);
   // Stop after 20 steps (mid-epoch 0), save the state, resume on 4 hosts x 2 devices across the epoch boundary.
-  const DataPipeline saver(config, before, 0, {0, 0});
+  const DataPipeline saver(config, before, 0, nullptr);
   const nlohmann::json saved = saver.state({0, 20});
   EXPECT_EQ(saved["epoch"], 0);
   EXPECT_EQ(saved["step"], 20);
-  const DataCursor resume_at = DataPipeline(config, after, 3, {0, 0}).check_state(saved);
+  const DataCursor resume_at = DataPipeline(config, after, 3, nullptr).check_state(saved);
   EXPECT_EQ(resume_at, (DataCursor{0, 20}));
-  const std::vector<at::Tensor> resumed = assemble(run_job(config, after, resume_at, 12), 8, 8);
+  const std::vector<at::Tensor> resumed = assemble(run_job(config, after, &saved, 12), 8, 8);
   for (int64_t k = 0; k < 12; ++k) EXPECT_TRUE(at::equal(resumed[k], uninterrupted[20 + k])) << "step " << 20 + k;
 }
 
 TEST_F(DataPipelineTest, RefusesAStateOfAnotherDatasetSeedOrBlockSize) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
-  const nlohmann::json saved = DataPipeline(data_config(dir_), mesh, 0, {0, 0}).state({0, 3});
+  const nlohmann::json saved = DataPipeline(data_config(dir_), mesh, 0, nullptr).state({0, 3});
   auto refusal = [&](const config::Config& config, const nlohmann::json& state) -> std::string {
     try {
-      DataPipeline(config, mesh, 0, {0, 0}).check_state(state);
+      DataPipeline(config, mesh, 0, nullptr).check_state(state);
     } catch (const UserError& e) {
       return e.what();
     }
@@ -360,7 +362,7 @@ TEST_F(DataPipelineTest, InstrumentationLogsEveryStageForTheFirstSteps) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
   const config::Config config = data_config(dir_, {"debug.data_shapes=true", "debug.data_shape_steps=2"});
   ::testing::internal::CaptureStderr();
-  run_job(config, mesh, {0, 0}, 3);
+  run_job(config, mesh, nullptr, 3);
   const std::string log = ::testing::internal::GetCapturedStderr();
   auto count = [&](const std::string& what) {
     int n = 0;
@@ -381,7 +383,7 @@ TEST_F(DataPipelineTest, ConfigErrorsNameTheKey) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
   auto error_of = [&](const std::vector<std::string>& overrides) -> std::string {
     try {
-      DataPipeline(data_config(dir_, overrides), mesh, 0, {0, 0});
+      DataPipeline(data_config(dir_, overrides), mesh, 0, nullptr);
     } catch (const UserError& e) {
       return e.what();
     }

@@ -61,6 +61,20 @@ TEST(GlobalTensorTest, FromHostLocalRejectsDataOfTheWrongShape) {
   }
 }
 
+TEST(GlobalTensorTest, FromHostLocalBlockRefusesABlockThatIsNotTheDevicesOrDoesNotFit) {
+  const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
+  const PartitionSpec spec = PartitionSpec::parse("fsdp, None");
+  const at::Tensor host_local = counting({4, 16});  // host 1's rows 4..7
+  // Device 5 holds row 5, the second of its host's rows.
+  const GlobalTensor ok = GlobalTensor::from_host_local_block(mesh, 5, {8, 16}, spec, host_local, {{5, 0}, {1, 16}},
+                                                              {1, 0});
+  EXPECT_TRUE(at::equal(ok.local(), host_local.narrow(0, 1, 1)));
+  EXPECT_THROW(GlobalTensor::from_host_local_block(mesh, 5, {8, 16}, spec, host_local, {{4, 0}, {1, 16}}, {0, 0}),
+               Error);  // device 4's block
+  EXPECT_THROW(GlobalTensor::from_host_local_block(mesh, 5, {8, 16}, spec, host_local, {{5, 0}, {1, 16}}, {4, 0}),
+               Error);  // past the host's rows
+}
+
 TEST(GlobalTensorTest, PlacementAndTypeStrings) {
   const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   const GlobalTensor tensor =

@@ -5,6 +5,7 @@
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/json_read.hpp"
+#include "meshtrain/config/key_attributes.hpp"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -21,22 +22,6 @@ namespace {
 
 constexpr const char* kFormat = "meshtrain-training-state";
 constexpr int kVersion = 1;
-
-// Keys (or key prefixes ending in '.') that do not change what a run computes: where it writes, how it logs and
-// checkpoints, how it lays itself out over devices (a run may resume on another mesh), the config-group list.
-const char* const kNonTrajectoryKeys[] = {
-    "defaults",       "output_dir", "run_name", "log_level",          "logging_steps",       "checkpoint.",
-    "debug.",         "runtime.",   "metrics.", "data.prefetch_steps", "data.loader_threads", "data.input_sharding",
-    "parallel.",      "ici_mesh.",  "dcn_mesh.", "activation_checkpointing", "memory.",
-    "eval."};  // what evaluation changes in the training data (the held-out split) is in the data state
-
-bool is_trajectory_key(const std::string& key) {
-  for (const char* skip : kNonTrajectoryKeys) {
-    const std::string s = skip;
-    if (s.back() == '.' ? key.rfind(s, 0) == 0 : key == s) return false;
-  }
-  return true;
-}
 
 // Whether a JSON value is an integer that T holds (get<T>() alone would wrap a negative or too large one and
 // truncate a fraction).
@@ -66,7 +51,7 @@ T field(const nlohmann::json& json, const char* name, const std::string& source)
 std::map<std::string, std::string> trajectory_config(const config::Config& config) {
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : config.leaf_values())
-    if (is_trajectory_key(key)) out[key] = value;
+    if (config::key_attributes(key).changes_results) out[key] = value;
   return out;
 }
 

@@ -43,7 +43,7 @@ struct TrainingState {
   static TrainingState from_json(const nlohmann::json& json, const std::string& source);
 };
 
-// The keys of `config` that shape the training trajectory, with their values as YAML text.
+// The keys of `config` that change what the run computes (config/key_attributes.hpp), with their values as YAML text.
 std::map<std::string, std::string> trajectory_config(const config::Config& config);
 // CRC-32C of the trajectory keys and values, 8 hex digits.
 std::string config_fingerprint(const std::map<std::string, std::string>& trajectory);

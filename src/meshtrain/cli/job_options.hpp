@@ -44,7 +44,7 @@ void run_job(runtime::HostRuntime& runtime, int host, const std::function<void()
 // every device's host, local index, slice and mesh coordinates.
 void log_mesh(const mesh::Mesh& mesh);
 
-// Logs the resolved config and saves it as <output_dir>/<run_name>/config.yaml (host 0 only).
+// Logs the resolved config and saves it as <output_dir>/config.yaml (host 0 only).
 void log_and_save_config(const config::Config& config, int host);
 
 }  // namespace meshtrain::cli

@@ -80,8 +80,8 @@ GlobalSampler sampler_for(const config::Config& config, const TokenDataset& data
                        /*fixed_order=*/true, batches);
 }
 
-DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start,
-                           Purpose purpose)
+DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host,
+                           const nlohmann::json* saved_state, Purpose purpose)
     : mesh_(mesh),
       host_(host),
       global_batch_size_(config.get_int("global_batch_size")),
@@ -95,12 +95,13 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
       plan_(ReadPlan::make(mesh, global_batch_size_, block_size_, spec_, host)),
       row_replicas_(mesh::MeshRoles(mesh).row_replicas(spec_.dims.at(0))),
       taken_(plan_.devices.size(), 0) {
+  if (saved_state) start_ = check_state(*saved_state);
   HostLoaderOptions options;
   options.prefetch_steps = static_cast<int>(config.get_int("data.prefetch_steps"));
   options.threads = static_cast<int>(config.get_int("data.loader_threads"));
   options.consumers = static_cast<int>(plan_.devices.size());
   if (purpose == Purpose::evaluation) {
-    MT_CHECK(start == DataCursor{}, "an evaluation pipeline starts at its first batch");
+    MT_CHECK(!saved_state, "an evaluation pipeline starts at its first batch");
     log::info("Eval data {}: samples {}..{} of {} ({}), {} global batches of {} x {} per evaluation, read with the "
               "training read plan", dataset_->path().string(), samples().first, samples().first + samples().count - 1,
               dataset_->num_samples(),
@@ -108,9 +109,9 @@ DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh,
               sampler_.batches_per_epoch(), global_batch_size_, block_size_);
     options.threads = 1;
   } else {
-    log_training_plan(config, start);
+    log_training_plan(config, start_);
   }
-  loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start, options);
+  loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start_, options);
 }
 
 void DataPipeline::log_training_plan(const config::Config& config, DataCursor start) const {
@@ -143,8 +144,15 @@ DeviceBatch DataPipeline::next(runtime::DeviceContext& ctx) {
   const sharding::Shape shape = {global_batch_size_, block_size_};
   const at::Tensor inputs_RT = batch.tokens_RT1.narrow(1, 0, block_size_);
   const at::Tensor labels_RT = batch.tokens_RT1.narrow(1, 1, block_size_);
-  DeviceBatch out{sharding::GlobalTensor::from_host_local(mesh_, ctx.device(), shape, spec_, inputs_RT),
-                  sharding::GlobalTensor::from_host_local(mesh_, ctx.device(), shape, spec_, labels_RT),
+  // The device's rows and their place in the host's batch, from the read plan (computed once).
+  const DeviceRows& rows = plan_.devices[ctx.info().local];
+  MT_CHECK(rows.device == ctx.device(), "the read plan's device {} is not device {}", rows.device, ctx.device());
+  const sharding::ShardBounds block{{rows.begin, 0}, {rows.count, block_size_}};
+  const sharding::Shape offset_in_host_local = {rows.local_begin, 0};
+  DeviceBatch out{sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_, inputs_RT, block,
+                                                                offset_in_host_local),
+                  sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_, labels_RT, block,
+                                                                offset_in_host_local),
                   batch.cursor, taken.wait_seconds};
   if (instrument) {
     const sharding::ShardBounds bounds = out.input_ids.bounds();
@@ -197,6 +205,11 @@ nlohmann::json DataPipeline::state(const DataCursor& next) const {
   state["dataset_path"] = dataset_->path().string();  // for the reader; not compared (a dataset may move)
   state["tokenizer"] = dataset_->index().tokenizer.name;  // for `meshtrain generate` and `score`; not compared
   return state;
+}
+
+DataCursor DataPipeline::cursor_after(const DataCursor& taken) const {
+  if (taken.step + 1 == batches_per_epoch()) return {taken.epoch + 1, 0};
+  return {taken.epoch, taken.step + 1};
 }
 
 DataCursor DataPipeline::check_state(const nlohmann::json& saved) const {

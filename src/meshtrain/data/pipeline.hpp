@@ -40,10 +40,11 @@ class DataPipeline {
 
   // Opens the dataset from the config (dataset.path, block_size, global_batch_size, seed, data.*, debug.*), builds
   // this host's read plan on `mesh` (which must outlive the pipeline), logs the plan and torchprime's
-  // `Minibatch dataloading: True|False` line, and starts prefetching global batches from `start` in background
-  // threads. UserError on bad input (names the key/file).
-  // An evaluation pipeline starts at its first batch (`start` must be {0, 0}), logs one line and no debug lines.
-  DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, DataCursor start,
+  // `Minibatch dataloading: True|False` line, and starts prefetching global batches in background threads: from the
+  // first batch, or where `saved_state` (a checkpoint's data state, state()) says, after check_state accepted it.
+  // UserError on bad input (names the key/file). An evaluation pipeline starts at its first batch
+  // (`saved_state` null), logs one line and no debug lines.
+  DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, const nlohmann::json* saved_state,
                Purpose purpose = Purpose::training);
   ~DataPipeline();  // stops the threads cleanly
   DataPipeline(const DataPipeline&) = delete;
@@ -62,6 +63,12 @@ class DataPipeline {
   // How many devices of the batch axes hold each row of a batch (mesh::MeshRoles::row_replicas of the input
   // sharding): a sum over them counts each row that many times.
   int64_t row_replicas() const { return row_replicas_; }
+  // The rows of a global batch each device holds.
+  int64_t rows_per_device() const { return plan_.devices.at(0).count; }
+  // Where this pipeline started: the first batch, or the saved state's cursor.
+  const DataCursor& start_cursor() const { return start_; }
+  // The cursor of the batch after the one at `taken` (the next epoch's first after an epoch's last).
+  DataCursor cursor_after(const DataCursor& taken) const;
 
   // The data state to store in a checkpoint: the cursor of the next batch to train on plus what identifies the
   // dataset and the batch order (tokenizer fingerprint, token count, shard files with counts and CRC-32C,
@@ -91,6 +98,7 @@ class DataPipeline {
   GlobalSampler sampler_;
   ReadPlan plan_;
   int64_t row_replicas_;
+  DataCursor start_;
   std::vector<int64_t> taken_;  // per local device: how many batches it has taken (each touched by its thread only)
   std::unique_ptr<HostLoader> loader_;
 };

@@ -1,6 +1,8 @@
 // job_agreement.cpp — JobFacts as JSON, the host-local keys, and the per-host comparison with its refusal text.
 #include "meshtrain/runtime/job_agreement.hpp"
 
+#include "meshtrain/config/key_attributes.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -49,12 +51,9 @@ JobFacts JobFacts::from_json(const nlohmann::json& json) {
 }
 
 std::map<std::string, std::string> shared_config(const std::map<std::string, std::string>& leaf_values) {
-  static const std::set<std::string> host_local = {"log_level",           "output_dir",          "dataset.path",
-                                                   "runtime.threads_per_device", "data.loader_threads",
-                                                   "data.prefetch_steps"};
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : leaf_values)
-    if (!host_local.count(key)) out[key] = value;
+    if (!config::key_attributes(key).may_differ_between_hosts) out[key] = value;
   return out;
 }
 

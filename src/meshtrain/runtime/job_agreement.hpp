@@ -24,8 +24,8 @@ struct JobFacts {
   static JobFacts from_json(const nlohmann::json& json);
 };
 
-// The config values (Config::leaf_values()) that must agree across hosts: all but the host-local keys, which are how
-// each host logs, its own core count and loader threads, and paths checked by content instead (dataset.path by the
+// The config values (Config::leaf_values()) that must agree across hosts: all but the keys that may differ between
+// hosts (config/key_attributes.hpp); the paths among them are checked by content instead (dataset.path by the
 // dataset fingerprint, output_dir by the shared-storage check).
 std::map<std::string, std::string> shared_config(const std::map<std::string, std::string>& leaf_values);
 

@@ -80,9 +80,24 @@ GlobalTensor GlobalTensor::from_host_local(const mesh::Mesh& mesh, int device, c
                 "hold)", host, sharding::type_string(host_local.scalar_type(), global_shape, spec),
                 shape_string(host_local.sizes().vec()), shape_string(layout.shape()));
   const ShardBounds bounds = shard_bounds(mesh, global_shape, spec, device);
-  ShardBounds in_buffer{layout.local_offset(bounds), bounds.shape};
-  at::Tensor shard = narrow_to(host_local, Shape(global_shape.size(), 0), in_buffer);
-  return GlobalTensor(mesh, device, global_shape, spec, shard.clone(at::MemoryFormat::Contiguous));
+  return from_host_local_block(mesh, device, global_shape, spec, host_local, bounds, layout.local_offset(bounds));
+}
+
+GlobalTensor GlobalTensor::from_host_local_block(const mesh::Mesh& mesh, int device, const Shape& global_shape,
+                                                 const PartitionSpec& spec, const at::Tensor& host_local,
+                                                 const ShardBounds& block, const Shape& offset_in_host_local) {
+  const ShardBounds in_buffer{offset_in_host_local, block.shape};
+  bool fits = host_local.dim() == static_cast<int64_t>(block.shape.size());
+  for (size_t d = 0; fits && d < block.shape.size(); ++d)
+    fits = in_buffer.offset[d] >= 0 &&
+           in_buffer.offset[d] + in_buffer.shape[d] <= host_local.size(static_cast<int64_t>(d));
+  MT_CHECK(fits, "device {}'s block {} at {} does not fit in the host-local data of shape {}", device,
+           shape_string(block.shape), shape_string(offset_in_host_local), shape_string(host_local.sizes().vec()));
+  const at::Tensor shard = narrow_to(host_local, Shape(global_shape.size(), 0), in_buffer);
+  GlobalTensor out(mesh, device, global_shape, spec, shard.clone(at::MemoryFormat::Contiguous));
+  MT_CHECK(out.bounds() == block, "device {}'s block starts at {}, but {} places it at {}", device,
+           shape_string(block.offset), out.type_string(), shape_string(out.bounds().offset));
+  return out;
 }
 
 GlobalTensor GlobalTensor::from_global(const mesh::Mesh& mesh, int device, const at::Tensor& full,

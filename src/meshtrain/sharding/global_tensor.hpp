@@ -27,6 +27,12 @@ class GlobalTensor {
   // communication. Hosts whose devices hold replicas must pass identical data (check_replicas verifies it).
   static GlobalTensor from_host_local(const mesh::Mesh& mesh, int device, const Shape& global_shape,
                                       const PartitionSpec& spec, const at::Tensor& host_local);
+  // from_host_local where the caller computed the layout once (the data pipeline's read plan): `block` is the
+  // device's shard_bounds, and it starts at `offset_in_host_local` in `host_local`. Error if it does not fit there,
+  // or is not the device's block under `spec`.
+  static GlobalTensor from_host_local_block(const mesh::Mesh& mesh, int device, const Shape& global_shape,
+                                            const PartitionSpec& spec, const at::Tensor& host_local,
+                                            const ShardBounds& block, const Shape& offset_in_host_local);
   // Every device holds the full tensor and keeps its shard (a copy). No communication.
   static GlobalTensor from_global(const mesh::Mesh& mesh, int device, const at::Tensor& full, const PartitionSpec& spec);
 
