@@ -63,7 +63,7 @@ STRESS_RUNS ?= 100
 # often in a Release build).
 ASAN_STRESS_RUNS ?= 2
 # The thread-heavy unit tests (tests/runtime, tests/data, tests/parallel, and prepare's tokenizing pool), in-process only.
-TSAN_FILTER ?= ControlPlaneTest.*:CommTest.*:LocalGroupTest.*:HostIdentityTest.*:GlobalSamplerTest.*:ReadPlanTest.*:PlanCommandTest.*:DataPipelineTest.*:ParallelModelTest.*:BlockCacheAllocatorTest.*:ComputeThreadsTest.*:AllToAllRowsTest.*:MixtralBlockTest.*:TokensPrepareTest.*:TokenizerConcurrencyTest.*
+TSAN_FILTER ?= ControlPlaneTest.*:TrainerTest.*:CommTest.*:LocalGroupTest.*:HostIdentityTest.*:GlobalSamplerTest.*:ReadPlanTest.*:PlanCommandTest.*:DataPipelineTest.*:ParallelModelTest.*:BlockCacheAllocatorTest.*:ComputeThreadsTest.*:AllToAllRowsTest.*:MixtralBlockTest.*:TokensPrepareTest.*:TokenizerConcurrencyTest.*
 
 $(ASAN_DIR)/build.ninja:
 	cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SANITIZE=address,undefined
