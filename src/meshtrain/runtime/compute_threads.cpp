@@ -35,6 +35,10 @@ std::string set_blas_threads(int threads) {
 
 void set_device_intra_op_threads(int threads) { at::set_num_threads(threads); }
 
+ThreadCountGuard::ThreadCountGuard(int threads) : previous_(at::get_num_threads()) { at::set_num_threads(threads); }
+
+ThreadCountGuard::~ThreadCountGuard() { at::set_num_threads(previous_); }
+
 int resolve_threads_per_device(int threads_per_device, int devices_per_host) {
   if (threads_per_device > 0) return threads_per_device;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

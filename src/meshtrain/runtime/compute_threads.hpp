@@ -30,6 +30,18 @@ std::string set_blas_threads(int threads);
 // Sets the calling thread's torch intra-op thread count (each device thread, before it computes).
 void set_device_intra_op_threads(int threads);
 
+// Sets the calling thread's torch intra-op threads for a scope (a measurement on another thread count).
+class ThreadCountGuard {
+ public:
+  explicit ThreadCountGuard(int threads);
+  ~ThreadCountGuard();
+  ThreadCountGuard(const ThreadCountGuard&) = delete;
+  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
 // The torch threads of each device: `threads_per_device`, or with 0 the host's cores split evenly between its
 // `devices_per_host` devices (at least 1).
 int resolve_threads_per_device(int threads_per_device, int devices_per_host);

@@ -7,6 +7,7 @@
 #include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
+#include "meshtrain/runtime/compute_threads.hpp"
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -59,16 +60,6 @@ std::string format_duration(double seconds) {
   if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
   return fmt::format("{}s", s);
 }
-
-// Sets the calling thread's torch intra-op threads for a scope.
-class ThreadCountGuard {
- public:
-  explicit ThreadCountGuard(int threads) : previous_(at::get_num_threads()) { at::set_num_threads(threads); }
-  ~ThreadCountGuard() { at::set_num_threads(previous_); }
-
- private:
-  int previous_;
-};
 
 }  // namespace
 
@@ -250,7 +241,7 @@ double peak_flops_per_device(const config::Config& config, torch::Dtype compute_
   MT_CHECK(threads >= 1, "peak_flops_per_device: threads must be >= 1, got {}", threads);
   model::MatmulPeak peak;
   {
-    ThreadCountGuard guard(threads);
+    runtime::ThreadCountGuard guard(threads);
     peak = model::measure_matmul_peak(compute_dtype, 1024, 0.25);
   }
   log::info("MFU denominator: measured {:.1f} GFLOP/s per device ({} matmul {}^3, {} threads; `meshtrain peak` "
