@@ -246,7 +246,7 @@ double peak_flops_per_device(const config::Config& config, torch::Dtype compute_
   }
   log::info("MFU denominator: measured {:.1f} GFLOP/s per device ({} matmul {}^3, {} threads; `meshtrain peak` "
             "measures longer, set metrics.peak_gflops to use a known peak)",
-            peak.gflops, compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", peak.size, threads);
+            peak.gflops, compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", peak.rows, threads);
   return peak.gflops * 1e9;
 }
 
