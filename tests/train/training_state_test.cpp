@@ -3,6 +3,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/train/training_state.hpp"
+#include "train/train_test_support.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,9 +16,7 @@ namespace fs = std::filesystem;
 namespace meshtrain::train {
 namespace {
 
-config::Config run_config(const std::vector<std::string>& overrides) {
-  return config::Config::load(config::default_config_dir(), overrides);
-}
+using testing::run_config;
 
 TrainingState sample_state() {
   return TrainingState::at_step(trajectory_config(run_config({"seed=7"})), 7, 20, 40960, {{"epoch", 1}, {"step", 3}});

@@ -45,8 +45,8 @@ int resolve_threads_per_device(int threads_per_device, int devices_per_host) {
   return std::max(1, cores / std::max(1, devices_per_host));
 }
 
-void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType compute_dtype) {
-  if (compute_dtype != c10::kFloat || intra_op_threads < 2 || std::getenv("OMP_WAIT_POLICY") ||
+void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType gemm_dtype) {
+  if (gemm_dtype != c10::kFloat || intra_op_threads < 2 || std::getenv("OMP_WAIT_POLICY") ||
       std::getenv("GOMP_SPINCOUNT"))
     return;
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);

@@ -13,8 +13,9 @@
 // next matmul. llama-10m on 1 device of 2 threads ran at 1235-1468 tokens/s, with libgomp's workers sleeping when
 // idle (OMP_WAIT_POLICY=PASSIVE) at 2335-2387, and on 1 thread at 2141-2199 (bench/model_step_bench, issue 15).
 // libgomp reads the policy once, when it is loaded, so a process that will run several intra-op threads on fp32 sets
-// it and restarts itself (restart_with_passive_openmp_waits). bf16 matmuls run in oneDNN on torch's own pool, where
-// the spinning saves wake-ups: llama-100m bf16 on 2 threads ran at 618-668 tokens/s spinning, 535-611 passive.
+// it and restarts itself (restart_with_passive_openmp_waits). Native bf16 matmuls run in oneDNN on torch's own pool,
+// where the spinning saves wake-ups: llama-100m bf16 on 2 threads ran at 618-668 tokens/s spinning, 535-611 passive;
+// bf16 on the fp32_gemm path (model/compute_matmul.hpp) runs its GEMMs in OpenBLAS, as fp32 does.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -46,12 +47,12 @@ class ThreadCountGuard {
 // `devices_per_host` devices (at least 1).
 int resolve_threads_per_device(int threads_per_device, int devices_per_host);
 
-// For fp32 compute (its matmuls go to OpenBLAS while torch's pool runs the rest) with intra_op_threads >= 2 and
-// neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT in the environment: sets OMP_WAIT_POLICY=PASSIVE and executes this
-// process's executable again with the same arguments (same pid, open descriptors kept), so returns only when nothing
-// was to be done (any other dtype, 1 thread, the user's own setting) or the exec failed (logged). Call it before the
-// process starts threads or writes anything it would write again.
-void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType compute_dtype);
+// For fp32 GEMMs (`gemm_dtype`: model::gemm_dtype of the compute dtype; they go to OpenBLAS while torch's pool runs
+// the rest) with intra_op_threads >= 2 and neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT in the environment: sets
+// OMP_WAIT_POLICY=PASSIVE and executes this process's executable again with the same arguments (same pid, open
+// descriptors kept), so returns only when nothing was to be done (any other dtype, 1 thread, the user's own setting)
+// or the exec failed (logged). Call it before the process starts threads or writes anything it would write again.
+void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType gemm_dtype);
 
 // What the log says about libgomp's idle threads: "OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=1000" or
 // "idle threads spin (libgomp's default)".

@@ -23,11 +23,13 @@ constexpr const char* kFormat = "meshtrain-training-state";
 constexpr int kVersion = 1;
 
 // Keys (or key prefixes ending in '.') that do not change what a run computes: where it writes, how it logs and
-// checkpoints, how it lays itself out over devices (a run may resume on another mesh), the config-group list.
+// checkpoints, how it lays itself out over devices (a run may resume on another mesh), how its bf16 matmuls run (the
+// same numerics up to summation order; a run may resume on another CPU), the config-group list.
 const char* const kNonTrajectoryKeys[] = {
     "defaults",       "output_dir", "run_name", "log_level",          "logging_steps",       "checkpoint.",
     "debug.",         "runtime.",   "metrics.", "data.prefetch_steps", "data.loader_threads", "data.input_sharding",
     "parallel.",      "ici_mesh.",  "dcn_mesh.", "activation_checkpointing", "memory.",
+    "bf16_matmul",
     "eval."};  // what evaluation changes in the training data (the held-out split) is in the data state
 
 bool is_trajectory_key(const std::string& key) {
