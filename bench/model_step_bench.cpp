@@ -2,18 +2,23 @@
 // eager from Python (bench/model_step_peer.py, same libtorch), in one run, with MFU against the measured matmul peak.
 //
 //   build-dir/model_step_bench [--model llama-100m] [--batch 4] [--seq 256] [--threads 2] [--dtype bf16] [--steps 3]
-//                              [--trace-dir DIR]
+//                              [--bf16-matmul auto|native|fp32_gemm] [--no-peer] [--trace-dir DIR]
 //
 // A step is forward, cross-entropy loss, backward and an AdamW update on random tokens; the first step of each side
 // warms up and is not timed. meshtrain's side runs what its trainer runs on one device: the process memory set-up of
 // the `meshtrain` binary (runtime/block_cache_allocator.hpp), the fused head loss (no [B, T, V] logits) and its own
 // AdamW; the peer is what a PyTorch user writes (full logits, F.cross_entropy, torch.optim.AdamW). Prints tokens/s
-// of both, the ratio meshtrain / PyTorch, and MFU. With several threads on fp32 the bench restarts itself with
+// of both, the ratio meshtrain / PyTorch, and MFU. With several threads on fp32 GEMMs the bench restarts itself with
 // libgomp's idle threads sleeping, as `meshtrain` does (runtime/compute_threads.hpp); the peer inherits the setting.
+//
+// bf16 matmuls run as `meshtrain` runs them (model/compute_matmul.hpp): --bf16-matmul as the config key bf16_matmul,
+// the path printed; MFU divides by the peak of the GEMMs that run (fp32 on the fp32_gemm path). The peer runs
+// PyTorch's own bf16 GEMM, ~30x slower than fp32 on a CPU without bf16 instructions: --no-peer leaves it out.
 //
 // --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
 // profiler adds its own cost per op) and writes a Chrome trace, DIR/meshtrain.json and DIR/pytorch.json;
 // bench/step_profile.py DIR/*.json --steps N lists the top operators by self time per step.
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
@@ -33,12 +38,36 @@
 
 using namespace meshtrain;
 
+namespace {
+
+// Runs bench/model_step_peer.py on the same model and shapes; its tokens/s, or -1 when it failed (printed).
+double run_peer(const config::LlamaConfig& config, int64_t batch, int64_t seq, int threads,
+                const std::string& dtype_name, int steps, const std::string& trace_dir) {
+  const std::string peer_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/model_step_peer.py";
+  const std::string command = fmt::format(
+      "/usr/bin/python3 {} --config '{}' --batch {} --seq {} --threads {} --dtype {} --steps {}", peer_script,
+      config.to_hf_json("float32").dump(), batch, seq, threads, dtype_name, steps) +
+      (trace_dir.empty() ? "" : fmt::format(" --trace '{}/pytorch.json'", trace_dir));
+  FILE* pipe = ::popen(command.c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+  if (!pipe || ::pclose(pipe) != 0) {
+    std::cerr << "the PyTorch peer failed: " << command << "\n" << output;
+    return -1;
+  }
+  return nlohmann::json::parse(output)["tokens_per_s"].get<double>();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (!runtime::set_up_process_memory()) return 2;
   CLI::App app{"meshtrain Llama training step vs PyTorch eager (Python) on the same model and batch"};
-  std::string model_name = "llama-100m", dtype_name = "bf16";
+  std::string model_name = "llama-100m", dtype_name = "bf16", bf16_matmul_name = "auto";
   int64_t batch = 4, seq = 256;
   int threads = 2, steps = 3;
+  bool no_peer = false;
   std::string trace_dir;
   app.add_option("--model", model_name)->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
@@ -46,14 +75,26 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->capture_default_str();
   app.add_option("--dtype", dtype_name)->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_option("--steps", steps)->capture_default_str();
+  app.add_option("--bf16-matmul", bf16_matmul_name, "how bf16 matmuls run, as the config key bf16_matmul")
+      ->check(CLI::IsMember({"auto", "native", "fp32_gemm"}))
+      ->capture_default_str();
+  app.add_flag("--no-peer", no_peer, "time meshtrain only (no PyTorch peer, no ratio)");
   app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
   CLI11_PARSE(app, argc, argv);
   const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-  runtime::restart_with_passive_openmp_waits(threads, dtype);
   at::set_num_threads(threads);
 
   config::LlamaConfig config = config::LlamaConfig::from_run_config(
       config::Config::load(config::default_config_dir(), {"model=" + model_name}));
+  std::string bf16_path;  // the start-up line of bf16 compute
+  if (dtype == torch::kBFloat16) {
+    const model::Bf16MatmulChoice choice =
+        model::choose_bf16_matmul(*model::bf16_matmul_from_name(bf16_matmul_name), config.hidden_size);
+    model::set_bf16_matmul(choice.path);
+    bf16_path = choice.describe();
+  }
+  runtime::restart_with_passive_openmp_waits(threads, model::gemm_dtype(dtype));
+
   model::LlamaForCausalLM llama(config);
   model::initialize_parameters(llama, 0);
   llama.set_compute_dtype(dtype);
@@ -85,33 +126,25 @@ int main(int argc, char** argv) {
     for (int step = 0; step < steps; ++step) train_step();
   }
 
-  const std::string peer_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/model_step_peer.py";
-  const std::string command = fmt::format(
-      "/usr/bin/python3 {} --config '{}' --batch {} --seq {} --threads {} --dtype {} --steps {}", peer_script,
-      config.to_hf_json("float32").dump(), batch, seq, threads, dtype_name, steps) +
-      (trace_dir.empty() ? "" : fmt::format(" --trace '{}/pytorch.json'", trace_dir));
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
-  if (!pipe || ::pclose(pipe) != 0) {
-    std::cerr << "the PyTorch peer failed: " << command << "\n" << output;
-    return 1;
-  }
-  const double peer = nlohmann::json::parse(output)["tokens_per_s"].get<double>();
+  double peer = 0;
+  if (!no_peer && (peer = run_peer(config, batch, seq, threads, dtype_name, steps, trace_dir)) < 0) return 1;
 
-  const model::MatmulPeak peak = model::measure_matmul_peak(dtype, 2048, 2.0);
+  const torch::Dtype gemm = model::gemm_dtype(dtype);
+  const model::MatmulPeak peak = model::measure_matmul_peak(gemm, 2048, 2.0);
   const double flops_per_token = config.training_flops_per_token(seq);
-  std::cout << fmt::format(
-      "model {} ({:.1f}M parameters), batch {} x seq {}, {} threads, {} compute, {} timed steps\n"
-      "  meshtrain (C++)       {:9.1f} tokens/s   loss {:.4f}   MFU {:5.1f}%\n"
-      "  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%\n"
-      "  ratio meshtrain / PyTorch: {:.2f}x\n"
-      "  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n"
-      "  OpenMP (both sides): {}\n",
-      model_name, config.parameter_count() / 1e6, batch, seq, threads, dtype_name, steps, ours, loss,
-      100 * ours * flops_per_token / (peak.gflops * 1e9), peer, 100 * peer * flops_per_token / (peak.gflops * 1e9),
-      ours / peer, dtype_name, peak.gflops, flops_per_token / 1e9,
-      runtime::openmp_wait_setting());
+  auto mfu = [&](double tokens_per_s) { return 100 * tokens_per_s * flops_per_token / (peak.gflops * 1e9); };
+  std::string report = fmt::format("model {} ({:.1f}M parameters), batch {} x seq {}, {} threads, {} compute, {} timed "
+                                   "steps\n", model_name, config.parameter_count() / 1e6, batch, seq, threads,
+                                   dtype_name, steps);
+  if (!bf16_path.empty()) report += fmt::format("  {}\n", bf16_path);
+  report +=
+      fmt::format("  meshtrain (C++)       {:9.1f} tokens/s   loss {:.4f}   MFU {:5.1f}%\n", ours, loss, mfu(ours));
+  if (!no_peer)
+    report += fmt::format("  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%\n"
+                          "  ratio meshtrain / PyTorch: {:.2f}x\n", peer, mfu(peer), ours / peer);
+  report += fmt::format("  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n"
+                        "  OpenMP ({}): {}\n", gemm == torch::kBFloat16 ? "bf16" : "fp32", peak.gflops,
+                        flops_per_token / 1e9, no_peer ? "meshtrain" : "both sides", runtime::openmp_wait_setting());
+  std::cout << report;
   return 0;
 }

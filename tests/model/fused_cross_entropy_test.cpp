@@ -1,8 +1,11 @@
 // fused_cross_entropy_test.cpp — the chunked head loss against libtorch's unfused cross_entropy over full logits:
-// loss and both gradients, for uneven chunks, fp32 and bf16, a scaled incoming gradient, a tied weight used
+// loss and both gradients, for uneven chunks, fp32 and bf16 (on both bf16 matmul paths), a scaled incoming gradient, a
+// tied weight used
 // elsewhere in the graph, no gradients computed outside grad mode, and the weight's gradient made a range of elements
 // at a time from the kept logits' gradient, and the weight given a block of rows at a time (online softmax).
 #include "meshtrain/model/fused_cross_entropy.hpp"
+
+#include "bf16_path.hpp"
 
 #include <gtest/gtest.h>
 
@@ -48,18 +51,23 @@ TEST(FusedCrossEntropyTest, LossAndGradientsEqualTheUnfusedOnesForAnyChunking) {
 }
 
 TEST(FusedCrossEntropyTest, Bf16HiddenStatesGiveBf16AndFp32GradientsCloseToUnfused) {
-  const Inputs ref = inputs(torch::kBFloat16);
-  const torch::Tensor ref_loss = unfused_sum(ref);
-  ref_loss.backward();
-  const Inputs in = inputs(torch::kBFloat16);
-  const torch::Tensor loss = fused_cross_entropy_sum(in.hidden_ND, in.weight_VD, in.targets_N, 8);
-  loss.backward();
-  EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-2 * std::abs(ref_loss.item<double>()));
-  EXPECT_EQ(in.hidden_ND.grad().scalar_type(), torch::kBFloat16);
-  EXPECT_EQ(in.weight_VD.grad().scalar_type(), torch::kFloat32);
-  EXPECT_TRUE(torch::allclose(in.hidden_ND.grad().to(torch::kFloat32), ref.hidden_ND.grad().to(torch::kFloat32), 2e-2,
-                              2e-2));
-  EXPECT_TRUE(torch::allclose(in.weight_VD.grad(), ref.weight_VD.grad(), 2e-2, 2e-2));
+  const Inputs ref = inputs(torch::kBFloat16);  // unfused_sum multiplies with libtorch's bf16 GEMM on either path
+  const torch::Tensor ref_loss_tensor = unfused_sum(ref);
+  ref_loss_tensor.backward();
+  const double ref_loss = ref_loss_tensor.item<double>();
+  for (Bf16Matmul path : {Bf16Matmul::native, Bf16Matmul::fp32_gemm}) {
+    SCOPED_TRACE(bf16_matmul_name(path));
+    const testing::Bf16PathScope scope(path);
+    const Inputs in = inputs(torch::kBFloat16);
+    const torch::Tensor loss = fused_cross_entropy_sum(in.hidden_ND, in.weight_VD, in.targets_N, 8);
+    loss.backward();
+    EXPECT_NEAR(loss.item<double>(), ref_loss, 1e-2 * std::abs(ref_loss));
+    EXPECT_EQ(in.hidden_ND.grad().scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(in.weight_VD.grad().scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::allclose(in.hidden_ND.grad().to(torch::kFloat32), ref.hidden_ND.grad().to(torch::kFloat32),
+                                2e-2, 2e-2));
+    EXPECT_TRUE(torch::allclose(in.weight_VD.grad(), ref.weight_VD.grad(), 2e-2, 2e-2));
+  }
 }
 
 TEST(FusedCrossEntropyTest, ATiedWeightGetsTheSumOfItsGradients) {
@@ -72,8 +80,15 @@ TEST(FusedCrossEntropyTest, ATiedWeightGetsTheSumOfItsGradients) {
   EXPECT_TRUE(torch::allclose(in.weight_VD.grad(), ref.weight_VD.grad(), 1e-5, 1e-6));
 }
 
+// fp32, and bf16 on both matmul paths.
+const std::vector<std::pair<torch::Dtype, Bf16Matmul>> kDtypesAndPaths = {
+    {torch::kFloat32, Bf16Matmul::native}, {torch::kBFloat16, Bf16Matmul::native},
+    {torch::kBFloat16, Bf16Matmul::fp32_gemm}};
+
 TEST(FusedCrossEntropyTest, WeightGradientFromTheLogitGradientsEqualsTheWholeGradientAnyRangeAtATime) {
-  for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+  for (const auto& [dtype, path] : kDtypesAndPaths) {
+    SCOPED_TRACE(bf16_matmul_name(path));
+    const testing::Bf16PathScope scope(path);
     const Inputs in = inputs(dtype);
     const CrossEntropyWithGradients whole = cross_entropy_with_gradients(in.hidden_ND, in.weight_VD, in.targets_N, 7);
     const CrossEntropyWithLogitGradients by_rows(in.hidden_ND, in.weight_VD, in.targets_N, 7);
@@ -100,7 +115,9 @@ TEST(FusedCrossEntropyTest, WeightGradientFromTheLogitGradientsEqualsTheWholeGra
 }
 
 TEST(FusedCrossEntropyTest, AWeightGivenInBlocksOfRowsInAnyOrderGivesTheSameLossAndGradients) {
-  for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+  for (const auto& [dtype, path] : kDtypesAndPaths) {
+    SCOPED_TRACE(bf16_matmul_name(path));
+    const testing::Bf16PathScope scope(path);
     const Inputs in = inputs(dtype);
     const CrossEntropyWithLogitGradients whole(in.hidden_ND, in.weight_VD, in.targets_N, 7);
     // Blocks of rows [40, 53) then [0, 5) + [20, 40) (two ranges in one block) then [5, 20), the weight in fp32.

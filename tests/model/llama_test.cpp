@@ -7,6 +7,8 @@
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 
+#include "bf16_path.hpp"
+
 #include <gtest/gtest.h>
 
 namespace meshtrain::model {
@@ -245,18 +247,22 @@ TEST(LlamaModelTest, LayerRunnerWrapsEveryLayer) {
 }
 
 TEST(LlamaModelTest, Bf16ComputeIsCloseToFp32AndGradientsStayFp32) {
-  LlamaForCausalLM model(small_config(4, 2));
-  initialize_parameters(model, 9);
-  torch::Tensor tokens = random_tokens(2, 16, 50, 10);
-  torch::Tensor inputs = tokens.narrow(1, 0, 15), targets = tokens.narrow(1, 1, 15);
-  const double fp32_loss = token_cross_entropy(model.forward(inputs), targets).item<double>();
-  model.set_compute_dtype(torch::kBFloat16);
-  torch::Tensor loss = token_cross_entropy(model.forward(inputs), targets);
-  EXPECT_NEAR(loss.item<double>(), fp32_loss, 0.02 * fp32_loss);
-  loss.backward();
-  for (const auto& p : model.named_parameters()) {
-    ASSERT_TRUE(p.value().grad().defined()) << p.key();
-    EXPECT_EQ(p.value().grad().scalar_type(), torch::kFloat32) << p.key();
+  for (Bf16Matmul path : {Bf16Matmul::native, Bf16Matmul::fp32_gemm}) {  // both ways of running bf16 matmuls
+    SCOPED_TRACE(bf16_matmul_name(path));
+    const testing::Bf16PathScope scope(path);
+    LlamaForCausalLM model(small_config(4, 2));
+    initialize_parameters(model, 9);
+    torch::Tensor tokens = random_tokens(2, 16, 50, 10);
+    torch::Tensor inputs = tokens.narrow(1, 0, 15), targets = tokens.narrow(1, 1, 15);
+    const double fp32_loss = token_cross_entropy(model.forward(inputs), targets).item<double>();
+    model.set_compute_dtype(torch::kBFloat16);
+    torch::Tensor loss = token_cross_entropy(model.forward(inputs), targets);
+    EXPECT_NEAR(loss.item<double>(), fp32_loss, 0.02 * fp32_loss);
+    loss.backward();
+    for (const auto& p : model.named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_EQ(p.value().grad().scalar_type(), torch::kFloat32) << p.key();
+    }
   }
 }
 

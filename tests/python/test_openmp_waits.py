@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""test_openmp_waits.py — a host whose fp32 devices run several torch threads restarts itself with libgomp's idle
-threads sleeping (OMP_WAIT_POLICY=PASSIVE, runtime/compute_threads.hpp), once and only then.
+"""test_openmp_waits.py — a host whose devices run fp32 GEMMs (fp32 compute, or bf16 on the fp32_gemm path) on several
+torch threads restarts itself with libgomp's idle threads sleeping (OMP_WAIT_POLICY=PASSIVE,
+runtime/compute_threads.hpp), once and only then.
 
 Each case trains llama-tiny for 2 steps on 1 host x 1 device and reads the host's start-up line ("... torch threads
 per device (...; OpenMP: <setting>) ..."). The restart must not repeat what the host wrote before it: the resolved
@@ -44,9 +45,16 @@ class OpenMpWaitsTest(unittest.TestCase):
         setting, _ = start_up(["runtime.threads_per_device=1"])
         self.assertEqual(setting, "idle threads spin (libgomp's default)")
 
-    def test_bf16_keeps_the_default(self):
-        setting, _ = start_up(["runtime.threads_per_device=2", "compute_dtype=bfloat16"])
+    def test_native_bf16_keeps_the_default(self):
+        setting, _ = start_up(["runtime.threads_per_device=2", "compute_dtype=bfloat16", "bf16_matmul=native"])
         self.assertEqual(setting, "idle threads spin (libgomp's default)")
+
+    def test_bf16_on_fp32_gemms_restarts_once_with_passive_waits(self):
+        # Its GEMMs run in OpenBLAS, as fp32's do; the start-up line that says so is printed once.
+        setting, output = start_up(["runtime.threads_per_device=2", "compute_dtype=bfloat16", "bf16_matmul=fp32_gemm"])
+        self.assertEqual(setting, "OMP_WAIT_POLICY=PASSIVE")
+        self.assertEqual(output.count("Resolved config:"), 1, output[-6000:])
+        self.assertEqual(output.count("bf16 matmuls: fp32 GEMMs of bf16 values"), 1, output[-6000:])
 
     def test_the_users_setting_is_kept(self):
         setting, _ = start_up(["runtime.threads_per_device=2"], {"GOMP_SPINCOUNT": "1000"})

@@ -2,15 +2,14 @@
 // rate (bitwise in practice, checked to 1e-6 relative), restoring its state mid-run, and the config checks.
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/train/adamw.hpp"
+#include "train/train_test_support.hpp"
 
 #include <gtest/gtest.h>
 
 namespace meshtrain::train {
 namespace {
 
-config::Config run_config(const std::vector<std::string>& overrides) {
-  return config::Config::load(config::default_config_dir(), overrides);
-}
+using testing::run_config;
 
 std::vector<at::Tensor> random_params() {
   // The last is updated in three chunks (AdamW::kChunkElements), the third a partial one.

@@ -8,6 +8,7 @@
 namespace meshtrain::train {
 namespace {
 
+using testing::run_config;
 using testing::settings_for;
 
 TEST(TrainSettingsTest, ReadsTheTrainerKeys) {
@@ -19,6 +20,14 @@ TEST(TrainSettingsTest, ReadsTheTrainerKeys) {
   EXPECT_EQ(s.trajectory.at("seed"), "9");
   EXPECT_EQ(s.trajectory.count("output_dir"), 0u);
   EXPECT_EQ(s.fault.kind, FaultInjection::Kind::none);
+}
+
+TEST(TrainSettingsTest, Bf16MatmulIsAutoUnlessSetAndNotPartOfTheTrajectory) {
+  EXPECT_EQ(bf16_matmul_of(run_config({})), model::Bf16Matmul::automatic);
+  EXPECT_EQ(bf16_matmul_of(run_config({"bf16_matmul=native"})), model::Bf16Matmul::native);
+  EXPECT_EQ(bf16_matmul_of(run_config({"bf16_matmul=fp32_gemm"})), model::Bf16Matmul::fp32_gemm);
+  // A run may resume on another CPU, where auto takes the other path: the same numerics up to summation order.
+  EXPECT_EQ(settings_for({"bf16_matmul=fp32_gemm"}).trajectory.count("bf16_matmul"), 0u);
 }
 
 TEST(TrainSettingsTest, BadValuesNameTheKey) {
@@ -33,6 +42,14 @@ TEST(TrainSettingsTest, BadValuesNameTheKey) {
       },
       UserError);
   EXPECT_THROW(settings_for({"compute_dtype=float16"}), UserError);
+  try {
+    bf16_matmul_of(run_config({"bf16_matmul=bf16"}));
+    FAIL() << "an unknown bf16_matmul was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16_matmul=bf16: expected auto"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("native"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp32_gemm"), std::string::npos) << e.what();
+  }
   try {
     settings_for({"debug.fault=explode"});
     FAIL() << "an unknown fault was accepted";

@@ -1,4 +1,5 @@
-// train_test_support.hpp — test helpers for the trainer's parts: its settings from the default config plus overrides.
+// train_test_support.hpp — test helpers for the trainer's parts: the default config plus overrides, and the trainer's
+// settings from it.
 #pragma once
 
 #include "meshtrain/config/config.hpp"
@@ -9,8 +10,12 @@
 
 namespace meshtrain::testing {
 
+inline config::Config run_config(const std::vector<std::string>& overrides) {
+  return config::Config::load(config::default_config_dir(), overrides);
+}
+
 inline train::TrainSettings settings_for(const std::vector<std::string>& overrides) {
-  return train::TrainSettings::from_config(config::Config::load(config::default_config_dir(), overrides));
+  return train::TrainSettings::from_config(run_config(overrides));
 }
 
 }  // namespace meshtrain::testing

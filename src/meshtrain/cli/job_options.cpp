@@ -3,11 +3,14 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
+#include "meshtrain/config/llama_config.hpp"
 #include "meshtrain/mesh/mesh_config.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/runtime/compute_threads.hpp"
 #include "meshtrain/train/train_settings.hpp"
 
 #include <filesystem>
+#include <optional>
 
 namespace meshtrain::cli {
 
@@ -41,9 +44,20 @@ Job load_job(const JobOptions& options) {
     log::set_level(log::parse_level(config.get_string("log_level")));
     mesh::Mesh mesh = mesh::mesh_from_config(config, identity.hosts, identity.devices_per_host);
     const runtime::RuntimeOptions runtime_options = runtime::RuntimeOptions::from_config(config);
-    runtime::restart_with_passive_openmp_waits(
-        runtime::resolve_threads_per_device(runtime_options.threads_per_device, identity.devices_per_host),
-        train::compute_dtype_of(config));
+    const int threads =
+        runtime::resolve_threads_per_device(runtime_options.threads_per_device, identity.devices_per_host);
+    const torch::Dtype compute_dtype = train::compute_dtype_of(config);
+    const model::Bf16Matmul bf16_setting = train::bf16_matmul_of(config);
+    // How this host's bf16 matmuls run, decided before the restart: an fp32 GEMM runs in OpenBLAS, as fp32 compute's
+    // do, and wants the same OpenMP setting. A restarted process probes again (~0.1 s) and logs the line once.
+    std::optional<model::Bf16MatmulChoice> bf16;
+    if (compute_dtype == torch::kBFloat16) {
+      const runtime::ThreadCountGuard probe_threads(threads);
+      bf16 = model::choose_bf16_matmul(bf16_setting, config::LlamaConfig::from_run_config(config).hidden_size);
+      model::set_bf16_matmul(bf16->path);
+    }
+    runtime::restart_with_passive_openmp_waits(threads, model::gemm_dtype(compute_dtype));
+    if (bf16) log::info("{}", bf16->describe());
     log_and_save_config(config, identity.host);
     return Job{std::move(config), identity, std::move(mesh), runtime_options};
   } catch (const std::exception& e) {

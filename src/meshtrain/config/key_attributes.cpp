@@ -34,6 +34,9 @@ constexpr KeyEntry kEntries[] = {
     {"dcn_mesh.", kNeither},
     {"activation_checkpointing", kNeither},
     {"memory.", kNeither},
+    // How bf16 matmuls run (native, or fp32 GEMMs of bf16 values): the same numerics up to summation order, so a run
+    // may resume on another CPU.
+    {"bf16_matmul", kNeither},
     {"eval.", kNeither},
     // Each host names its copy of the data; the data's identity (files, counts, checksums) is compared instead.
     {"dataset.path", {/*changes_results=*/true, /*may_differ_between_hosts=*/true}},

@@ -3,6 +3,7 @@
 #include "meshtrain/model/fused_cross_entropy.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 
 #include <limits>
 
@@ -23,7 +24,10 @@ ChunkedPass chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& we
                          const torch::Tensor& targets_N, int64_t chunk_rows, WeightGradient weight_gradient) {
   torch::NoGradGuard no_grad;
   const int64_t N = hidden_ND.size(0), V = weight_VD.size(0);
-  const torch::Tensor compute_weight_VD = weight_VD.to(hidden_ND.scalar_type());
+  const torch::Dtype dtype = hidden_ND.scalar_type();
+  // The GEMMs' operands as they read them (compute_matmul.hpp: fp32 holding bf16 values on the fp32_gemm path), the
+  // weight converted once for every chunk.
+  const torch::Tensor compute_weight_VD = gemm_operand(weight_VD, dtype);
   ChunkedPass out;
   out.loss = torch::zeros({}, torch::kFloat32);
   if (weight_gradient != WeightGradient::none) out.grad_hidden_ND = torch::empty_like(hidden_ND);
@@ -33,21 +37,23 @@ ChunkedPass chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& we
     out.grad_logits_NV = torch::empty({N, V}, hidden_ND.options());
   for (int64_t begin = 0; begin < N; begin += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, N - begin);
-    const torch::Tensor h_CD = hidden_ND.narrow(0, begin, rows);
+    const torch::Tensor h_CD = gemm_operand(hidden_ND.narrow(0, begin, rows), dtype);
     const torch::Tensor t_C1 = targets_N.narrow(0, begin, rows).unsqueeze(1);
-    torch::Tensor logits_CV = torch::matmul(h_CD, compute_weight_VD.t()).to(torch::kFloat32);
+    torch::Tensor logits_CV = torch::matmul(h_CD, compute_weight_VD.t()).to(dtype).to(torch::kFloat32);
     const torch::Tensor logsumexp_C1 = logits_CV.logsumexp(1, /*keepdim=*/true);
     out.loss.add_((logsumexp_C1 - logits_CV.gather(1, t_C1)).sum());
     if (weight_gradient == WeightGradient::none) continue;
     // d loss / d logits = softmax - one_hot(target), computed in the logits' buffer.
     torch::Tensor& grad_logits_CV = logits_CV.sub_(logsumexp_C1).exp_();
     grad_logits_CV.scatter_add_(1, t_C1, torch::full({rows, 1}, -1.0f));
-    torch::Tensor compute_grad_CV = grad_logits_CV.to(hidden_ND.scalar_type());
+    torch::Tensor compute_grad_CV = gemm_operand(grad_logits_CV, dtype);
     out.grad_hidden_ND.narrow(0, begin, rows).copy_(torch::matmul(compute_grad_CV, compute_weight_VD));
     if (weight_gradient == WeightGradient::keep_logit_gradients) {
       out.grad_logits_NV.narrow(0, begin, rows).copy_(compute_grad_CV);
     } else if (compute_grad_CV.scalar_type() == torch::kFloat32) {
-      out.grad_weight_VD.addmm_(compute_grad_CV.t(), h_CD);  // in place: no V x D product beside the sum
+      // In place: no V x D product beside the sum (on the fp32_gemm path, the bf16 GEMM's fp32 accumulation goes on
+      // over the chunks, where a bf16 GEMM rounds each chunk's product).
+      out.grad_weight_VD.addmm_(compute_grad_CV.t(), h_CD);
     } else {
       out.grad_weight_VD.add_(torch::matmul(compute_grad_CV.t(), h_CD));
     }
@@ -132,10 +138,11 @@ CrossEntropyWithLogitGradients::CrossEntropyWithLogitGradients(const torch::Tens
   torch::Tensor sum_N1 = torch::zeros({N, 1}, fp32), weighted_ND = torch::zeros({N, D}, fp32);
   torch::Tensor target_logit_N1 = torch::zeros({N, 1}, fp32), target_weight_ND = torch::zeros({N, D}, fp32);
   const torch::Tensor t_N1 = targets_N.unsqueeze(1);
+  const torch::Tensor gemm_hidden_ND = gemm_operand(hidden_ND_, dtype);  // as the GEMMs read it (compute_matmul.hpp)
   int64_t rows_given = 0;
   for (WeightBlock block = next_block(); block.weight_RD.defined(); block = next_block()) {
-    const torch::Tensor w_RD = block.weight_RD.to(dtype);
-    const torch::Tensor logits_NR = torch::matmul(hidden_ND_, w_RD.t());
+    const torch::Tensor w_RD = gemm_operand(block.weight_RD, dtype);
+    const torch::Tensor logits_NR = torch::matmul(gemm_hidden_ND, w_RD.t()).to(dtype);
     // Where the block's rows go, and for each token whose target is among them, that row in the block (else -1).
     torch::Tensor target_row_N1 = torch::full({N, 1}, -1, targets_N.options());
     int64_t offset = 0;
@@ -154,7 +161,8 @@ CrossEntropyWithLogitGradients::CrossEntropyWithLogitGradients(const torch::Tens
     const torch::Tensor rescale_N1 = (max_N1 - new_max_N1).exp_();
     const torch::Tensor scaled_NR = (logits32_NR - new_max_N1).exp_();
     sum_N1.mul_(rescale_N1).add_(scaled_NR.sum(1, /*keepdim=*/true));
-    weighted_ND.mul_(rescale_N1).add_(torch::matmul(scaled_NR.to(dtype), w_RD).to(torch::kFloat32));
+    const torch::Tensor weighted_block_ND = torch::matmul(gemm_operand(scaled_NR, dtype), w_RD).to(dtype);
+    weighted_ND.mul_(rescale_N1).add_(weighted_block_ND.to(torch::kFloat32));
     max_N1 = new_max_N1;
     const torch::Tensor found_N1 = (target_row_N1 >= 0).to(torch::kFloat32), index_N1 = target_row_N1.clamp_min(0);
     target_logit_N1.add_(logits32_NR.gather(1, index_N1) * found_N1);
@@ -180,8 +188,12 @@ torch::Tensor CrossEntropyWithLogitGradients::weight_gradient_elements(int64_t f
            to, V, D);
   torch::NoGradGuard no_grad;
   const int64_t first_row = from / D, end_row = (to + D - 1) / D;
+  const torch::Dtype dtype = hidden_ND_.scalar_type();
   const torch::Tensor rows_RD =
-      torch::matmul(grad_logits_NV_.narrow(1, first_row, end_row - first_row).t(), hidden_ND_).to(torch::kFloat32);
+      torch::matmul(gemm_operand(grad_logits_NV_.narrow(1, first_row, end_row - first_row).t(), dtype),
+                    gemm_operand(hidden_ND_, dtype))
+          .to(dtype)
+          .to(torch::kFloat32);
   return rows_RD.view({-1}).narrow(0, from - first_row * D, to - from);
 }
 

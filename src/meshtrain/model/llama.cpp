@@ -5,6 +5,7 @@
 #include "meshtrain/model/llama.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/parameter_init.hpp"
@@ -35,7 +36,7 @@ DenseLinear::DenseLinear(int64_t in_features, int64_t out_features) {
 }
 
 torch::Tensor DenseLinear::forward(const torch::Tensor& x_NI) {
-  return torch::matmul(x_NI, weight.to(x_NI.scalar_type()).t());
+  return compute_matmul(x_NI, weight.to(x_NI.scalar_type()).t());
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : eps_(eps) { weight = register_parameter("weight", new_parameter({dim})); }
@@ -123,14 +124,14 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTabl
     // the G query heads of a group are stacked along the row axis of one matmul against their shared K.
     const torch::Tensor q_BKRE = q_scaled_BHTE.narrow(2, t0, Q).reshape({B, K, G * Q, E});  // R = G*Q rows: (g, q)
     const torch::Tensor k_BKPE = k_BKSE.narrow(2, 0, P), v_BKPE = v_BKSE.narrow(2, 0, P);
-    const torch::Tensor scores_BKRP = torch::matmul(q_BKRE, k_BKPE.transpose(-1, -2));
+    const torch::Tensor scores_BKRP = compute_matmul(q_BKRE, k_BKPE.transpose(-1, -2));
     // Query t0 + q sits at position S - T + t0 + q and sees the keys up to that position.
     const torch::Tensor future_QP = torch::ones({Q, P}, torch::kBool).triu(S - T + t0 + 1);
     const torch::Tensor scores_BKGQP =
         scores_BKRP.view({B, K, G, Q, P}).to(torch::kFloat32).masked_fill(future_QP, -INFINITY);
     const torch::Tensor probs_BKRP =
         torch::softmax(scores_BKGQP, -1).to(x_BTD.scalar_type()).view({B, K, G * Q, P});
-    const torch::Tensor out_BKRE = torch::matmul(probs_BKRP, v_BKPE);
+    const torch::Tensor out_BKRE = compute_matmul(probs_BKRP, v_BKPE);
     out_blocks_BQHE.push_back(out_BKRE.view({B, H, Q, E}).transpose(1, 2));
   }
   const torch::Tensor out_BTHE = out_blocks_BQHE.size() == 1 ? out_blocks_BQHE[0] : torch::cat(out_blocks_BQHE, 1);
@@ -264,7 +265,7 @@ torch::Tensor LlamaForCausalLM::head_weight() {
 }
 
 torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
-  return torch::matmul(hidden_states(tokens_BT), head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
+  return compute_matmul(hidden_states(tokens_BT), head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
 }
 
 torch::Tensor LlamaForCausalLM::loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT) {
@@ -295,7 +296,7 @@ torch::Tensor LlamaForCausalLM::next_token_logits(const torch::Tensor& tokens_BT
     x_BTD = model->layers[i]->forward(x_BTD, rope, &cache.layers[i], first);
   cache.length += T;
   const torch::Tensor last_BD = final_norm(x_BTD.select(1, T - 1));
-  return torch::matmul(last_BD, head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
+  return compute_matmul(last_BD, head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
 }
 
 std::vector<std::string> LlamaForCausalLM::linear_names() const {

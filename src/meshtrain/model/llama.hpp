@@ -4,6 +4,8 @@
 // replace_linear swaps a projection, set_layer_runner runs each decoder layer (docs/model.md, "For a parallelizer").
 // Parameters stay fp32; set_compute_dtype(kBFloat16) runs the matmuls in bf16 (weights cast on the fly, gradients
 // land in fp32), with RMSNorm statistics, softmax and the logits in fp32.
+// Every matmul goes through compute_matmul (model/compute_matmul.hpp): on a CPU without bf16 instructions a bf16
+// one is an fp32 GEMM of the bf16 values.
 //
 // Shape suffixes: B batch, T sequence (positions), D hidden_size, V vocab, H query heads (local), K key/value heads
 // (local), G query heads per key/value head (H = K*G), E head_dim, F intermediate_size, S key positions (= T).

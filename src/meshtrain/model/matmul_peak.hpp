@@ -1,5 +1,6 @@
-// matmul_peak.hpp — this machine's measured matmul throughput (square GEMMs through libtorch, so the same BLAS and
-// oneDNN kernels the model uses), the honest MFU denominator when no peak is configured.
+// matmul_peak.hpp — this machine's measured matmul throughput (GEMMs through libtorch, so the same BLAS and oneDNN
+// kernels the model uses): square products for `meshtrain peak` and the honest MFU denominator when no peak is
+// configured, and the product of one projection for the probe that picks how bf16 matmuls run (compute_matmul.hpp).
 #pragma once
 
 #include <torch/torch.h>
@@ -8,14 +9,17 @@ namespace meshtrain::model {
 
 struct MatmulPeak {
   torch::Dtype dtype;
-  int64_t size = 0;     // n of the n x n x n products
-  int threads = 0;      // torch intra-op threads used
+  int64_t rows = 0, inner = 0, cols = 0;  // [rows, inner] x [inner, cols] products
+  int threads = 0;       // torch intra-op threads used
   int64_t products = 0;  // how many were timed
   double seconds = 0;
-  double gflops = 0;  // 2 n^3 products / seconds / 1e9
+  double gflops = 0;  // 2 rows inner cols products / seconds / 1e9
 };
 
-// Times n x n matmuls in `dtype` on the current torch thread count for about `seconds` after one warm-up product.
+// Times [rows, inner] x [inner, cols] matmuls in `dtype` on the current torch thread count for about `seconds` (at
+// least one product) after one warm-up product.
+MatmulPeak measure_matmul_rate(torch::Dtype dtype, int64_t rows, int64_t inner, int64_t cols, double seconds);
+// The same for n x n x n products (n = `size`).
 MatmulPeak measure_matmul_peak(torch::Dtype dtype, int64_t size, double seconds);
 
 }  // namespace meshtrain::model

@@ -2,6 +2,7 @@
 #include "meshtrain/parallel/tensor_parallel.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/parallel/autograd_collectives.hpp"
 
@@ -40,7 +41,7 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t local_out_features, int64_t i
 }
 
 torch::Tensor ColumnParallelLinear::forward(const torch::Tensor& x_NI) {
-  return torch::matmul(copy_to_group(x_NI, comm_), weight.to(x_NI.scalar_type()).t());
+  return model::compute_matmul(copy_to_group(x_NI, comm_), weight.to(x_NI.scalar_type()).t());
 }
 
 RowParallelLinear::RowParallelLinear(int64_t out_features, int64_t local_in_features, runtime::Comm& comm)
@@ -49,7 +50,7 @@ RowParallelLinear::RowParallelLinear(int64_t out_features, int64_t local_in_feat
 }
 
 torch::Tensor RowParallelLinear::forward(const torch::Tensor& x_NI) {
-  return reduce_from_group(torch::matmul(x_NI, weight.to(x_NI.scalar_type()).t()), comm_);
+  return reduce_from_group(model::compute_matmul(x_NI, weight.to(x_NI.scalar_type()).t()), comm_);
 }
 
 model::ParameterSlice tensor_block_slice(const std::string& name, const std::vector<int64_t>& full_shape,

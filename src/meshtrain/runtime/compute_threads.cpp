@@ -35,14 +35,18 @@ std::string set_blas_threads(int threads) {
 
 void set_device_intra_op_threads(int threads) { at::set_num_threads(threads); }
 
+ThreadCountGuard::ThreadCountGuard(int threads) : previous_(at::get_num_threads()) { at::set_num_threads(threads); }
+
+ThreadCountGuard::~ThreadCountGuard() { at::set_num_threads(previous_); }
+
 int resolve_threads_per_device(int threads_per_device, int devices_per_host) {
   if (threads_per_device > 0) return threads_per_device;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / std::max(1, devices_per_host));
 }
 
-void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType compute_dtype) {
-  if (compute_dtype != c10::kFloat || intra_op_threads < 2 || std::getenv("OMP_WAIT_POLICY") ||
+void restart_with_passive_openmp_waits(int intra_op_threads, c10::ScalarType gemm_dtype) {
+  if (gemm_dtype != c10::kFloat || intra_op_threads < 2 || std::getenv("OMP_WAIT_POLICY") ||
       std::getenv("GOMP_SPINCOUNT"))
     return;
   std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);

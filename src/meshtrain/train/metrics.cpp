@@ -6,7 +6,9 @@
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
+#include "meshtrain/runtime/compute_threads.hpp"
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -59,16 +61,6 @@ std::string format_duration(double seconds) {
   if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
   return fmt::format("{}s", s);
 }
-
-// Sets the calling thread's torch intra-op threads for a scope.
-class ThreadCountGuard {
- public:
-  explicit ThreadCountGuard(int threads) : previous_(at::get_num_threads()) { at::set_num_threads(threads); }
-  ~ThreadCountGuard() { at::set_num_threads(previous_); }
-
- private:
-  int previous_;
-};
 
 }  // namespace
 
@@ -248,14 +240,16 @@ double peak_flops_per_device(const config::Config& config, torch::Dtype compute_
     if (gflops > 0) return gflops * 1e9;
   }
   MT_CHECK(threads >= 1, "peak_flops_per_device: threads must be >= 1, got {}", threads);
+  // The GEMMs that run: fp32 ones for bf16 compute on the fp32_gemm path (model/compute_matmul.hpp).
+  const torch::Dtype gemm_dtype = model::gemm_dtype(compute_dtype);
   model::MatmulPeak peak;
   {
-    ThreadCountGuard guard(threads);
-    peak = model::measure_matmul_peak(compute_dtype, 1024, 0.25);
+    runtime::ThreadCountGuard guard(threads);
+    peak = model::measure_matmul_peak(gemm_dtype, 1024, 0.25);
   }
   log::info("MFU denominator: measured {:.1f} GFLOP/s per device ({} matmul {}^3, {} threads; `meshtrain peak` "
             "measures longer, set metrics.peak_gflops to use a known peak)",
-            peak.gflops, compute_dtype == torch::kBFloat16 ? "bf16" : "fp32", peak.size, threads);
+            peak.gflops, gemm_dtype == torch::kBFloat16 ? "bf16" : "fp32", peak.rows, threads);
   return peak.gflops * 1e9;
 }
 

@@ -97,8 +97,9 @@ class MetricsLogger {
 };
 
 // The peak matmul FLOP/s of one device for MFU: metrics.peak_gflops * 1e9 when that key is set and > 0, else a
-// short measurement (< 1 s) of `compute_dtype` 1024^3 products on the calling thread with `threads` torch threads
-// (logged, with the key to set instead). CPU only: the measurement runs CPU kernels.
+// short measurement (< 1 s) of 1024^3 products on the calling thread with `threads` torch threads (logged, with the
+// key to set instead), in the dtype the GEMMs of `compute_dtype` run in (fp32 for bf16 compute on the fp32_gemm path,
+// model/compute_matmul.hpp). CPU only: the measurement runs CPU kernels.
 double peak_flops_per_device(const config::Config& config, torch::Dtype compute_dtype, int threads);
 
 }  // namespace meshtrain::train

@@ -15,6 +15,14 @@ torch::Dtype compute_dtype_of(const config::Config& config) {
   throw UserError(fmt::format("compute_dtype={}: expected float32 or bfloat16", name));
 }
 
+model::Bf16Matmul bf16_matmul_of(const config::Config& config) {
+  const std::string name = config.get_string("bf16_matmul");
+  const std::optional<model::Bf16Matmul> path = model::bf16_matmul_from_name(name);
+  MT_USER_CHECK(path, "bf16_matmul={}: expected auto (the CPU's flags and a probe decide), native (libtorch's bf16 "
+                "GEMM) or fp32_gemm (an fp32 GEMM of the bf16 values)", name);
+  return *path;
+}
+
 FaultInjection FaultInjection::from_config(const config::Config& config) {
   static const std::pair<const char*, Kind> kinds[] = {{"none", Kind::none},
                                                        {"throw", Kind::throw_error},

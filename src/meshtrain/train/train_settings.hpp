@@ -5,6 +5,7 @@
 
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/config/llama_config.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/train/adamw.hpp"
 #include "meshtrain/train/lr_schedule.hpp"
@@ -17,6 +18,9 @@ namespace meshtrain::train {
 
 // compute_dtype: float32 or bfloat16 (UserError naming the key and both values otherwise).
 torch::Dtype compute_dtype_of(const config::Config& config);
+// bf16_matmul: auto, native or fp32_gemm (model/compute_matmul.hpp; UserError naming the key and the three values
+// otherwise).
+model::Bf16Matmul bf16_matmul_of(const config::Config& config);
 
 // debug.fault / fault_step / fault_device: a failure the failure tests inject on one device at one step.
 struct FaultInjection {
