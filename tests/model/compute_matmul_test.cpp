@@ -153,18 +153,20 @@ TEST(ComputeMatmulTest, AForcedPathIsTakenWithoutAProbe) {
   }
 }
 
-TEST(ComputeMatmulTest, TheAutomaticChoiceFollowsTheProbe) {
-  const Bf16MatmulChoice choice = choose_bf16_matmul(Bf16Matmul::automatic, 96);
+TEST(ComputeMatmulTest, TheAutomaticChoiceFollowsTheFlagsAndTheProbe) {
+  const Bf16MatmulChoice choice = choose_bf16_matmul(Bf16Matmul::automatic, 320);
   EXPECT_EQ(choice.probe_rows, 256);
-  EXPECT_EQ(choice.probe_width, 96);
+  EXPECT_EQ(choice.probe_width, 320);
   EXPECT_GT(choice.probe_bf16_gflops, 0);
   EXPECT_GT(choice.probe_fp32_gflops, 0);
-  EXPECT_EQ(choice.path, choice.probe_bf16_gflops >= choice.probe_fp32_gflops ? Bf16Matmul::native
-                                                                              : Bf16Matmul::fp32_gemm);
+  const bool native = !choice.bf16_flags.empty() && choice.probe_bf16_gflops >= choice.probe_fp32_gflops;
+  EXPECT_EQ(choice.path, native ? Bf16Matmul::native : Bf16Matmul::fp32_gemm);
   const std::string line = choice.describe();
-  EXPECT_NE(line.find("probe [256 x 96] x [96 x 96]: bf16 "), std::string::npos) << line;
+  EXPECT_NE(line.find("probe [256 x 320] x [320 x 320]: bf16 "), std::string::npos) << line;
   EXPECT_NE(line.find(choice.bf16_flags.empty() ? "no avx512_bf16/amx_bf16" : choice.bf16_flags), std::string::npos)
       << line;
+  // A tiny model's products would time mostly overheads: the probe is 256 wide at least, 1024 at most.
+  EXPECT_EQ(choose_bf16_matmul(Bf16Matmul::automatic, 64).probe_width, 256);
 }
 
 // 20 AdamW steps of a tiny Llama through the training loss (the fused head loss) in fp32 and in bf16 on each path:

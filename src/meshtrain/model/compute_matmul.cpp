@@ -22,7 +22,8 @@ using torch::autograd::variable_list;
 constexpr int kPathUnset = -1;
 std::atomic<int> process_path{kPathUnset};
 
-constexpr int64_t kProbeRows = 256, kProbeMaxWidth = 1024, kDefaultProbeWidth = 512;
+// The probe's width is the model's hidden size, within [256, 1024]: smaller products time mostly overheads.
+constexpr int64_t kProbeRows = 256, kProbeMinWidth = 256, kProbeMaxWidth = 1024, kDefaultProbeWidth = 512;
 constexpr double kProbeSeconds = 0.02;  // per dtype after its warm-up product; one product at least
 
 // a_NI @ b_IO as an fp32 GEMM of bf16 values, rounded to bf16; the gradients the same way from the saved bf16
@@ -106,11 +107,13 @@ Bf16MatmulChoice choose_bf16_matmul(Bf16Matmul setting, int64_t hidden_size) {
     return choice;
   }
   choice.probe_rows = kProbeRows;
-  choice.probe_width = std::min(hidden_size, kProbeMaxWidth);
+  choice.probe_width = std::clamp(hidden_size, kProbeMinWidth, kProbeMaxWidth);
   const int64_t w = choice.probe_width;
-  choice.probe_bf16_gflops = measure_matmul_rate(torch::kBFloat16, kProbeRows, w, w, kProbeSeconds).gflops;
-  choice.probe_fp32_gflops = measure_matmul_rate(torch::kFloat32, kProbeRows, w, w, kProbeSeconds).gflops;
-  choice.path = choice.probe_bf16_gflops >= choice.probe_fp32_gflops ? Bf16Matmul::native : Bf16Matmul::fp32_gemm;
+  choice.probe_bf16_gflops = measure_matmul_rate(torch::kBFloat16, kProbeRows, w, w, kProbeSeconds).best_gflops;
+  choice.probe_fp32_gflops = measure_matmul_rate(torch::kFloat32, kProbeRows, w, w, kProbeSeconds).best_gflops;
+  // Native needs both: the instructions, and a libtorch that uses them for this product.
+  const bool native = !choice.bf16_flags.empty() && choice.probe_bf16_gflops >= choice.probe_fp32_gflops;
+  choice.path = native ? Bf16Matmul::native : Bf16Matmul::fp32_gemm;
   return choice;
 }
 

@@ -34,7 +34,8 @@ struct Bf16MatmulChoice {
   Bf16Matmul path = Bf16Matmul::native;  // native or fp32_gemm
   Bf16Matmul setting = Bf16Matmul::automatic;
   std::string bf16_flags;  // the CPU's bf16 flags found ("avx512_bf16 amx_bf16"), "" for none
-  // The probe (auto only; 0 when forced): GFLOP/s of one [rows, width] x [width, width] product in each dtype.
+  // The probe (auto only; 0 when forced): GFLOP/s of the fastest [rows, width] x [width, width] product timed in
+  // each dtype.
   int64_t probe_rows = 0, probe_width = 0;
   double probe_bf16_gflops = 0, probe_fp32_gflops = 0;
 
@@ -43,10 +44,11 @@ struct Bf16MatmulChoice {
   std::string describe() const;
 };
 
-// The path for `setting`: native or fp32_gemm as forced; auto: native when a bf16 product of the model's
-// projection shape ([256, D] x [D, D], D = hidden_size capped at 1024) runs at least as fast as the fp32 one on the
-// calling thread's torch threads (the flags alone would trust a libtorch that may not use them), fp32_gemm otherwise.
-// The probe takes one warm-up and one timed product per dtype, about 0.1 s on a CPU without bf16. Sets nothing.
+// The path for `setting`: native or fp32_gemm as forced; auto: native when the CPU lists a bf16 flag and a bf16
+// product of the model's projection shape ([256, D] x [D, D], D = hidden_size within [256, 1024]) runs at least as
+// fast as the fp32 one on the calling thread's torch threads (the flags alone would trust a libtorch that may not use
+// them; the probe alone, a noisy timing), fp32_gemm otherwise. The probe times a warm-up product and then products for
+// 0.02 s (one at least) per dtype and compares the fastest of each: about 0.1 s on a CPU without bf16. Sets nothing.
 Bf16MatmulChoice choose_bf16_matmul(Bf16Matmul setting, int64_t hidden_size);
 
 // The bf16 CPU flags /proc/cpuinfo lists (avx512_bf16, amx_bf16; bf16 on Arm), space-separated; "" for none.

@@ -1,6 +1,7 @@
 // matmul_peak.cpp — timing matmuls for `meshtrain peak`, MFU and the bf16 probe.
 #include "meshtrain/model/matmul_peak.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace meshtrain::model {
@@ -12,13 +13,18 @@ MatmulPeak measure_matmul_rate(torch::Dtype dtype, int64_t rows, int64_t inner, 
   torch::Tensor c = torch::empty({rows, cols}, options);
   torch::matmul_out(c, a, b);  // warm-up: first-call kernel selection and allocation
   MatmulPeak peak{dtype, rows, inner, cols, at::get_num_threads()};
+  const double flops = 2.0 * static_cast<double>(rows) * inner * cols;
   const auto start = std::chrono::steady_clock::now();
+  auto before = start;
   do {
     torch::matmul_out(c, a, b);
     ++peak.products;
-    peak.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto now = std::chrono::steady_clock::now();
+    peak.best_gflops = std::max(peak.best_gflops, flops / std::chrono::duration<double>(now - before).count() / 1e9);
+    before = now;
+    peak.seconds = std::chrono::duration<double>(now - start).count();
   } while (peak.seconds < seconds);
-  peak.gflops = 2.0 * static_cast<double>(rows) * inner * cols * peak.products / peak.seconds / 1e9;
+  peak.gflops = flops * peak.products / peak.seconds / 1e9;
   return peak;
 }
 

@@ -14,6 +14,7 @@ struct MatmulPeak {
   int64_t products = 0;  // how many were timed
   double seconds = 0;
   double gflops = 0;  // 2 rows inner cols products / seconds / 1e9
+  double best_gflops = 0;  // of the fastest single product: a stall of the machine (a busy core) does not count
 };
 
 // Times [rows, inner] x [inner, cols] matmuls in `dtype` on the current torch thread count for about `seconds` (at
