@@ -18,6 +18,7 @@
 // --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
 // profiler adds its own cost per op) and writes a Chrome trace, DIR/meshtrain.json and DIR/pytorch.json;
 // bench/step_profile.py DIR/*.json --steps N lists the top operators by self time per step.
+#include "meshtrain/config/config.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
@@ -84,8 +85,9 @@ int main(int argc, char** argv) {
   const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   at::set_num_threads(threads);
 
-  config::LlamaConfig config = config::LlamaConfig::from_run_config(
-      config::Config::load(config::default_config_dir(), {"model=" + model_name}));
+  const config::LlamaConfig config =
+      settings::Settings::from_config(config::Config::load(config::default_config_dir(), {"model=" + model_name}))
+          .model;
   std::string bf16_path;  // the start-up line of bf16 compute
   if (dtype == torch::kBFloat16) {
     const model::Bf16MatmulChoice choice =

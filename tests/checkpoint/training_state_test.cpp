@@ -2,6 +2,8 @@
 // completion marker), malformed files named, and the config fingerprint with the changed keys it names.
 #include "meshtrain/checkpoint/training_state.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/config/config.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,12 +16,13 @@ namespace fs = std::filesystem;
 namespace meshtrain::checkpoint {
 namespace {
 
-config::Config run_config(const std::vector<std::string>& overrides) {
-  return config::Config::load(config::default_config_dir(), overrides);
+// The trajectory keys of the shipped defaults with `overrides` on top.
+std::map<std::string, std::string> trajectory_of(const std::vector<std::string>& overrides) {
+  return settings::Settings::from_config(config::Config::load(config::default_config_dir(), overrides)).trajectory();
 }
 
 TrainingState sample_state() {
-  return TrainingState::at_step(trajectory_config(run_config({"seed=7"})), 7, 20, 40960, {{"epoch", 1}, {"step", 3}});
+  return TrainingState::at_step(trajectory_of({"seed=7"}), 7, 20, 40960, {{"epoch", 1}, {"step", 3}});
 }
 
 TEST(TrainingStateTest, JsonRoundTrip) {
@@ -101,18 +104,18 @@ TEST(TrainingStateTest, IntegerFieldsMustBeIntegersInRange) {
 }
 
 TEST(TrainingStateTest, FingerprintIgnoresPathsLoggingAndMeshButNotTheTrajectory) {
-  const std::string base = config_fingerprint(trajectory_config(run_config({})));
-  EXPECT_EQ(config_fingerprint(trajectory_config(run_config({"output_dir=elsewhere", "logging_steps=1",
-                                                             "checkpoint.keep=5", "ici_mesh.fsdp=2"}))),
+  const std::string base = config_fingerprint(trajectory_of({}));
+  EXPECT_EQ(config_fingerprint(trajectory_of({"output_dir=elsewhere", "logging_steps=1",
+                                                             "checkpoint.keep=5", "ici_mesh.fsdp=2"})),
             base);
-  EXPECT_NE(config_fingerprint(trajectory_config(run_config({"optimizer.learning_rate=0.001"}))), base);
-  EXPECT_NE(config_fingerprint(trajectory_config(run_config({"model.num_hidden_layers=3"}))), base);
+  EXPECT_NE(config_fingerprint(trajectory_of({"optimizer.learning_rate=0.001"})), base);
+  EXPECT_NE(config_fingerprint(trajectory_of({"model.num_hidden_layers=3"})), base);
 }
 
 TEST(TrainingStateTest, ConfigChangesNameEachChangedKey) {
-  const TrainingState state = TrainingState::at_step(trajectory_config(run_config({})), 42, 10, 0, nullptr);
-  EXPECT_TRUE(config_changes(state, trajectory_config(run_config({"output_dir=elsewhere"}))).empty());
-  const auto changes = config_changes(state, trajectory_config(run_config({"optimizer.learning_rate=0.001", "seed=1"})));
+  const TrainingState state = TrainingState::at_step(trajectory_of({}), 42, 10, 0, nullptr);
+  EXPECT_TRUE(config_changes(state, trajectory_of({"output_dir=elsewhere"})).empty());
+  const auto changes = config_changes(state, trajectory_of({"optimizer.learning_rate=0.001", "seed=1"}));
   ASSERT_EQ(changes.size(), 2u);
   EXPECT_EQ(changes[0], "optimizer.learning_rate: 3.0e-3 -> 0.001");
   EXPECT_EQ(changes[1], "seed: 42 -> 1");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "meshtrain/config/config.hpp"
+#include "meshtrain/settings/settings.hpp"
 #include "meshtrain/token_shards/shard_writer.hpp"
 
 #include <algorithm>
@@ -38,10 +39,10 @@ inline void write_counting_shards(const std::filesystem::path& dir, const std::v
   std::ofstream(dir / token_shards::kIndexFileName) << token_shards::index_to_json(index);
 }
 
-// The shipped defaults with `overrides` on top.
-inline config::Config data_config(const std::filesystem::path& dataset, std::vector<std::string> overrides = {}) {
+// The settings of the shipped defaults with `overrides` on top.
+inline settings::Settings data_config(const std::filesystem::path& dataset, std::vector<std::string> overrides = {}) {
   overrides.insert(overrides.begin(), {"dataset.path=" + dataset.string(), "global_batch_size=8", "block_size=8"});
-  return config::Config::load(config::default_config_dir(), overrides);
+  return settings::Settings::from_config(config::Config::load(config::default_config_dir(), overrides));
 }
 
 }  // namespace meshtrain::testing

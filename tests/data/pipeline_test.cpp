@@ -57,7 +57,7 @@ struct DeviceStep {
 // `saved_state` says (null: at the first batch), one thread per device. With `check_replicas`, the first and last
 // steps also run the replica check (collective). Returns, per device, what next() gave at every step; fails the test
 // on any device's exception.
-std::vector<std::vector<DeviceStep>> run_job(const config::Config& config, const mesh::Mesh& mesh,
+std::vector<std::vector<DeviceStep>> run_job(const settings::Settings& config, const mesh::Mesh& mesh,
                                              const nlohmann::json* saved_state,
                                              int64_t steps, bool check_replicas = false,
                                              DataPipeline::Purpose purpose = DataPipeline::Purpose::training) {
@@ -231,14 +231,14 @@ TEST(ReadPlanTest, RejectsSpecsTheLoaderCannotServe) {
 }
 
 TEST_F(DataPipelineTest, WholeEpochsOnEveryMeshReadEachSampleOnceInTheSamplersOrder) {
-  const config::Config config = data_config(dir_);
+  const settings::Settings config = data_config(dir_);
   const GlobalSampler sampler(42, 200, 8);
   ASSERT_EQ(sampler.batches_per_epoch(), 25);
   const int64_t steps = 2 * sampler.batches_per_epoch();
   std::vector<at::Tensor> first_mesh_batches;
   for (const NamedMesh& m : meshes()) {
     SCOPED_TRACE(m.name);
-    const config::Config mesh_config = data_config(dir_, {"data.input_sharding=" + m.input_sharding});
+    const settings::Settings mesh_config = data_config(dir_, {"data.input_sharding=" + m.input_sharding});
     std::vector<DataCursor> cursors;
     const std::vector<at::Tensor> batches =
         assemble(run_job(mesh_config, m.mesh, nullptr, steps, /*check_replicas=*/true), 8, 8, &cursors);
@@ -261,7 +261,7 @@ TEST_F(DataPipelineTest, WholeEpochsOnEveryMeshReadEachSampleOnceInTheSamplersOr
 TEST_F(DataPipelineTest, EvaluationReadsOnlyHeldOutSamplesTheSameBatchesEveryRoundOnEveryMesh) {
   // 200 samples; 10% held out: training draws from samples 0..179 (22 batches of 8 per epoch), evaluation from
   // 180..199, 2 batches per round.
-  const config::Config config =
+  const settings::Settings config =
       data_config(dir_, {"eval.every_steps=5", "eval.batches=2", "eval.holdout_fraction=0.1"});
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
   std::set<int64_t> trained;
@@ -312,7 +312,7 @@ TEST_F(DataPipelineTest, EvaluationReadsOnlyHeldOutSamplesTheSameBatchesEveryRou
 }
 
 TEST_F(DataPipelineTest, ResumeOnAnotherMeshContinuesWithTheSameBatches) {
-  const config::Config config = data_config(dir_);
+  const settings::Settings config = data_config(dir_);
   const mesh::Mesh before = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
   const mesh::Mesh after = mesh::Mesh::create(axis_sizes(1, 2, 2, 1), axis_sizes(2, 1, 1, 1), 4, 2);
   const std::vector<at::Tensor> uninterrupted = assemble(run_job(config, before, nullptr, 32), 8, 8);
@@ -330,7 +330,7 @@ TEST_F(DataPipelineTest, ResumeOnAnotherMeshContinuesWithTheSameBatches) {
 TEST_F(DataPipelineTest, RefusesAStateOfAnotherDatasetSeedOrBlockSize) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
   const nlohmann::json saved = DataPipeline(data_config(dir_), mesh, 0, nullptr).state({0, 3});
-  auto refusal = [&](const config::Config& config, const nlohmann::json& state) -> std::string {
+  auto refusal = [&](const settings::Settings& config, const nlohmann::json& state) -> std::string {
     try {
       DataPipeline(config, mesh, 0, nullptr).check_state(state);
     } catch (const UserError& e) {
@@ -360,7 +360,7 @@ TEST_F(DataPipelineTest, RefusesAStateOfAnotherDatasetSeedOrBlockSize) {
 
 TEST_F(DataPipelineTest, InstrumentationLogsEveryStageForTheFirstSteps) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 8, 1, 1), axis_sizes(1, 1, 1, 1), 2, 4);
-  const config::Config config = data_config(dir_, {"debug.data_shapes=true", "debug.data_shape_steps=2"});
+  const settings::Settings config = data_config(dir_, {"debug.data_shapes=true", "debug.data_shape_steps=2"});
   ::testing::internal::CaptureStderr();
   run_job(config, mesh, nullptr, 3);
   const std::string log = ::testing::internal::GetCapturedStderr();

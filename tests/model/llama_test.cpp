@@ -3,9 +3,11 @@
 // the full forward, greedy and seeded generation, and a short training run.
 // Numerical parity with an independent reference is tests/python/test_model_reference.py.
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/config/config.hpp"
 #include "meshtrain/model/generation.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/parameter_init.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include "bf16_path.hpp"
 
@@ -14,9 +16,12 @@
 namespace meshtrain::model {
 namespace {
 
-LlamaConfig model_config(const std::string& name) {
-  return LlamaConfig::from_run_config(config::Config::load(config::default_config_dir(), {"model=" + name}));
+// The model of the shipped defaults with `overrides` (a model=<name> group, model.* keys) on top.
+LlamaConfig model_config(const std::vector<std::string>& overrides) {
+  return settings::Settings::from_config(config::Config::load(config::default_config_dir(), overrides)).model;
 }
+
+LlamaConfig model_config(const std::string& name) { return model_config(std::vector<std::string>{"model=" + name}); }
 
 LlamaConfig small_config(int64_t heads, int64_t kv_heads, bool tied = false) {
   LlamaConfig c;
@@ -65,8 +70,7 @@ TEST(LlamaConfigTest, Llama31ConfigsCarryTheRopeScaling) {
 TEST(LlamaConfigTest, HfJsonRoundTripAndOverrides) {
   LlamaConfig c = model_config("llama-3.1-70b");
   EXPECT_EQ(LlamaConfig::from_hf_json(c.to_hf_json("bfloat16"), "test"), c);
-  LlamaConfig tiny = LlamaConfig::from_run_config(config::Config::load(
-      config::default_config_dir(), {"model=llama-tiny", "model.num_hidden_layers=3", "model.tie_word_embeddings=true"}));
+  LlamaConfig tiny = model_config({"model=llama-tiny", "model.num_hidden_layers=3", "model.tie_word_embeddings=true"});
   EXPECT_EQ(tiny.num_hidden_layers, 3);
   EXPECT_TRUE(tiny.tie_word_embeddings);
   EXPECT_EQ(tiny.head_dim, tiny.hidden_size / tiny.num_attention_heads);

@@ -5,6 +5,7 @@
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/parameter_init.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include <gtest/gtest.h>
 
@@ -183,8 +184,8 @@ TEST(RouterStatsTest, TheModelsLoadBalancingGradientEqualsAutogradOfTheFormula) 
 }
 
 TEST(MixtralConfigTest, PublishedShapesAndCounts) {
-  const LlamaConfig c = LlamaConfig::from_run_config(
-      config::Config::load(config::default_config_dir(), {"model=mixtral-8x7b"}));
+  const LlamaConfig c =
+      settings::Settings::from_config(config::Config::load(config::default_config_dir(), {"model=mixtral-8x7b"})).model;
   EXPECT_EQ(c.num_local_experts, 8);
   EXPECT_EQ(c.num_experts_per_tok, 2);
   EXPECT_EQ(c.rope_theta, 1e6);

@@ -59,11 +59,6 @@ TEST(JobAgreementTest, StorageOneHostCannotSeeIsNamed) {
   EXPECT_NE(refusal.find("host 1 cannot see the files host 0 wrote in /shared/run"), std::string::npos) << refusal;
 }
 
-TEST(JobAgreementTest, HostLocalKeysAreLeftOut) {
-  const auto shared = shared_config({{"log_level", "debug"}, {"output_dir", "/a"}, {"seed", "1"}});
-  EXPECT_EQ(shared, (std::map<std::string, std::string>{{"seed", "1"}}));
-}
-
 TEST(JobAgreementTest, FactsRoundTripThroughJson) {
   const JobFacts f = facts_of({{"seed", "42"}});
   const JobFacts back = JobFacts::from_json(nlohmann::json::parse(f.to_json().dump()));

@@ -135,7 +135,7 @@ TEST(ShardBoundsTest, MatchesBruteForceOnManyMeshesAndSpecs) {
       for (const mesh::DeviceInfo& info : mesh.devices()) {
         const ShardBounds bounds = shard_bounds(mesh, shape, spec, info.device);
         ASSERT_EQ(bounds, brute_force_bounds(mesh, shape, spec, info.device))
-            << "device " << info.device << " spec " << spec.to_string() << " shape " << shape_string(shape);
+            << "device " << info.device << " spec " << spec.to_string() << " shape " << shape_text(shape);
         for (int64_t i = 0; i < bounds.shape[0]; ++i)
           for (int64_t j = 0; j < bounds.shape[1]; ++j)
             for (int64_t k = 0; k < bounds.shape[2]; ++k)

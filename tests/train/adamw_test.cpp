@@ -9,7 +9,7 @@
 namespace meshtrain::train {
 namespace {
 
-using testing::run_config;
+using testing::settings_for;
 
 std::vector<at::Tensor> random_params() {
   // The last is updated in three chunks (AdamW::kChunkElements), the third a partial one.
@@ -95,9 +95,9 @@ TEST(AdamWTest, RestoredStateContinuesBitwise) {
 }
 
 TEST(AdamWTest, ReadsOptionsFromConfig) {
-  AdamWOptions o = AdamWOptions::from_config(run_config(
-      {"optimizer.learning_rate=0.001", "optimizer.beta1=0.8", "optimizer.beta2=0.99", "optimizer.epsilon=1e-6",
-       "optimizer.weight_decay=0.05"}));
+  const AdamWOptions o = settings_for({"optimizer.learning_rate=0.001", "optimizer.beta1=0.8", "optimizer.beta2=0.99",
+                                       "optimizer.epsilon=1e-6", "optimizer.weight_decay=0.05"})
+                             .optimizer;
   EXPECT_DOUBLE_EQ(o.learning_rate, 0.001);
   EXPECT_DOUBLE_EQ(o.beta1, 0.8);
   EXPECT_DOUBLE_EQ(o.beta2, 0.99);
@@ -108,7 +108,7 @@ TEST(AdamWTest, ReadsOptionsFromConfig) {
 TEST(AdamWTest, BadOptionsNameTheKey) {
   auto error_of = [](const std::string& override_text) -> std::string {
     try {
-      AdamWOptions::from_config(run_config({override_text}));
+      settings_for({override_text});
     } catch (const UserError& e) {
       return e.what();
     }

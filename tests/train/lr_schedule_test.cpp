@@ -1,5 +1,6 @@
 // lr_schedule_test.cpp — warmup, cosine / linear / constant decay at known steps, and the config checks.
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/config/config.hpp"
 #include "meshtrain/train/lr_schedule.hpp"
 
 #include <gtest/gtest.h>
@@ -57,7 +58,7 @@ TEST(LrScheduleTest, WarmupAsLongAsTheRun) {
 
 TEST(LrScheduleTest, FromConfigUsesTheDefaults) {
   // defaults.yaml: learning_rate 3e-3, cosine, warmup 5, min_lr_ratio 0.1, max_steps 20.
-  LrSchedule s = LrSchedule::from_config(config::Config::load(config::default_config_dir(), {}));
+  const LrSchedule s(settings::Settings::from_config(config::Config::load(config::default_config_dir(), {})));
   EXPECT_DOUBLE_EQ(s.at(5), 3e-3);
   EXPECT_NEAR(s.at(20), 3e-4, 1e-15);
 }
@@ -65,7 +66,7 @@ TEST(LrScheduleTest, FromConfigUsesTheDefaults) {
 TEST(LrScheduleTest, BadValuesNameTheKey) {
   auto error_of = [](const std::string& override_text) -> std::string {
     try {
-      LrSchedule::from_config(config::Config::load(config::default_config_dir(), {override_text}));
+      settings::Settings::from_config(config::Config::load(config::default_config_dir(), {override_text}));
     } catch (const UserError& e) {
       return e.what();
     }

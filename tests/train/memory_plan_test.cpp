@@ -2,7 +2,6 @@
 // the rows per micro-batch and activation checkpointing), the refusal and its advice, `meshtrain plan --memory`, and
 // a real 2-host `train` refused on every host before it allocates the model.
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/mesh/mesh_config.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
 #include "meshtrain/train/memory_plan.hpp"
 #include "runtime/process_runner.hpp"
@@ -87,7 +86,7 @@ TEST(MemoryPlanTest, ActivationsFollowTheMicroBatchAndActivationCheckpointing) {
 }
 
 TEST(MemoryPlanTest, RefusalGivesTheEstimateTheAvailableMemoryAndWhatWouldFit) {
-  const TrainSettings settings = settings_for(k100m);
+  const settings::Settings settings = settings_for(k100m);
   const MemoryPlan plan = plan_memory(settings, {1, 1, 1, 8});
   EXPECT_NO_THROW(check_memory_fits(settings, plan, {plan.host_total(), "test"}));
   const int64_t available = plan.host_total() - (plan.device.activations / 2);
@@ -101,7 +100,7 @@ TEST(MemoryPlanTest, RefusalGivesTheEstimateTheAvailableMemoryAndWhatWouldFit) {
     EXPECT_NE(message.find(gigabytes(available) + " available (MemAvailable)"), std::string::npos) << message;
     EXPECT_NE(message.find("Refused before allocating anything"), std::string::npos) << message;
     // Activation checkpointing saves more than half the activations here: it is offered, with its estimate.
-    TrainSettings full = settings;
+    settings::Settings full = settings;
     full.parallel.checkpoint_every = 1;
     EXPECT_NE(message.find("activation_checkpointing=full (" + gigabytes(plan_memory(full, plan.layout).host_total())),
               std::string::npos)
@@ -118,8 +117,7 @@ TEST(MemoryPlanTest, PlanCommandPrintsTheEstimateForAnyLayoutWithoutStarting) {
   const testing::ProcessResult r = testing::run_meshtrain(args);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json memory = testing::json_line(r.output).at("memory");
-  const config::Config config = config::Config::load(config::default_config_dir(), overrides);
-  const MemoryPlan expected = plan_memory(TrainSettings::from_config(config), {4, 1, 4, 1, 1, 4});
+  const MemoryPlan expected = plan_memory(settings_for(overrides), {4, 1, 4, 1, 1, 4});
   EXPECT_EQ(memory.at("model_parameters"), 8030261248);
   EXPECT_EQ(memory.at("per_device").at("parameters"), expected.device.parameters);
   EXPECT_EQ(memory.at("per_device").at("total"), expected.device.total());

@@ -2,6 +2,7 @@
 // devices (one Trainer per host, a DeviceTrainer per device) gives every device the same loss and grad norm at each
 // step, equal to those of one device, and evaluates to the same held-out loss; bad settings stop at start-up.
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/config/config.hpp"
 #include "meshtrain/token_shards/shard_writer.hpp"
 #include "meshtrain/train/trainer.hpp"
 #include "scratch_dir.hpp"
@@ -47,7 +48,7 @@ class TrainerTest : public ::testing::Test {
  protected:
   testing::ScratchDir scratch_{"trainer_test"};
 
-  config::Config config_for(const std::vector<std::string>& extra) const {
+  settings::Settings settings_for(const std::vector<std::string>& extra) const {
     write_byte_shards(scratch_.path() / "data");
     std::vector<std::string> overrides = {"model=llama-tiny",
                                           "dataset.path=" + (scratch_.path() / "data").string(),
@@ -64,15 +65,15 @@ class TrainerTest : public ::testing::Test {
                                           "metrics.tensorboard=false",
                                           "checkpoint.resume=false"};
     overrides.insert(overrides.end(), extra.begin(), extra.end());
-    return config::Config::load(config::default_config_dir(), overrides);
+    return settings::Settings::from_config(config::Config::load(config::default_config_dir(), overrides));
   }
 
   // Steps 1..3 and one evaluation on every device of `mesh`; the records per device.
   std::vector<StepRecord> run(const mesh::Mesh& mesh, const std::vector<std::string>& extra = {}) const {
-    const config::Config config = config_for(extra);
+    const settings::Settings settings = settings_for(extra);
     std::vector<std::unique_ptr<Trainer>> trainers;
     for (int host = 0; host < mesh.hosts(); ++host) {
-      trainers.push_back(std::make_unique<Trainer>(config, mesh, host, 1));
+      trainers.push_back(std::make_unique<Trainer>(settings, mesh, host, 1));
       EXPECT_TRUE(trainers.back()->start());
     }
     std::vector<StepRecord> records(mesh.num_devices());
@@ -120,7 +121,7 @@ TEST_F(TrainerTest, EveryDeviceReportsTheOneDeviceLossAtEachStep) {
 TEST_F(TrainerTest, AccumulationThatDoesNotDivideTheDeviceRowsStopsAtStartUp) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 1, 1, 1), 1, 2);
   try {
-    Trainer trainer(config_for({"gradient_accumulation_steps=4"}), mesh, 0, 1);
+    Trainer trainer(settings_for({"gradient_accumulation_steps=4"}), mesh, 0, 1);
     FAIL() << "expected a UserError";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("gradient_accumulation_steps=4 does not divide the 2 rows each device holds"),

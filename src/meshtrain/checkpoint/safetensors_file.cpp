@@ -3,6 +3,7 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/json_read.hpp"
+#include "meshtrain/common/shape_text.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -38,8 +39,6 @@ const DtypeInfo& info(SafetensorsDtype dtype) {
     if (d.dtype == dtype) return d;
   throw Error("safetensors: a dtype outside the enumeration");
 }
-
-std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 // The bytes a tensor of `dtype` and `shape` (sizes >= 0) needs; UserError naming `context` when that, or the
 // element count with zero sizes left out (torch computes strides from it), does not fit in 63 bits.

@@ -5,10 +5,8 @@
 #include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/json_read.hpp"
-#include "meshtrain/config/key_attributes.hpp"
 
 #include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
 
 #include <fstream>
 #include <limits>
@@ -47,13 +45,6 @@ T field(const nlohmann::json& json, const char* name, const std::string& source)
 }
 
 }  // namespace
-
-std::map<std::string, std::string> trajectory_config(const config::Config& config) {
-  std::map<std::string, std::string> out;
-  for (const auto& [key, value] : config.leaf_values())
-    if (config::key_attributes(key).changes_results) out[key] = value;
-  return out;
-}
 
 std::string config_fingerprint(const std::map<std::string, std::string>& trajectory) {
   uint32_t crc = 0;

@@ -12,7 +12,6 @@
 #pragma once
 
 #include "meshtrain/checkpoint/hf_directory.hpp"
-#include "meshtrain/config/config.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -34,7 +33,8 @@ struct TrainingState {
   std::string config_fingerprint;             // config_fingerprint(trajectory config)
   std::map<std::string, std::string> config;  // trajectory key -> value as YAML text
 
-  // The state at `step` of a run whose trajectory config is `trajectory` (trajectory_config()); fills the fingerprint.
+  // The state at `step` of a run whose trajectory config is `trajectory` (settings::Settings::trajectory()); fills the
+  // fingerprint.
   static TrainingState at_step(const std::map<std::string, std::string>& trajectory, uint64_t seed, int64_t step,
                                int64_t tokens_seen, nlohmann::json data_state);
 
@@ -43,8 +43,6 @@ struct TrainingState {
   static TrainingState from_json(const nlohmann::json& json, const std::string& source);
 };
 
-// The keys of `config` that change what the run computes (config/key_attributes.hpp), with their values as YAML text.
-std::map<std::string, std::string> trajectory_config(const config::Config& config);
 // CRC-32C of the trajectory keys and values, 8 hex digits.
 std::string config_fingerprint(const std::map<std::string, std::string>& trajectory);
 

@@ -90,9 +90,9 @@ int commcheck_command(int argc, char** argv) {
   }
   Job job = load_job(options);
   log_mesh(job.mesh);
-  runtime::HostRuntime runtime(job.identity, job.mesh, job.runtime_options);
+  runtime::HostRuntime runtime(job.identity, job.mesh, job.settings.runtime);
   runtime::JobFacts facts;
-  facts.config = runtime::shared_config(job.config.leaf_values());
+  facts.config = job.settings.host_shared();
   facts.build = build_id();
   facts.resume = "none (commcheck)";
   runtime.agree_on_job(facts);

@@ -1,13 +1,11 @@
-// job_options.cpp — shared job flags, config + identity + mesh loading, and the mesh log lines.
+// job_options.cpp — shared job flags, settings + identity + mesh loading, and the mesh log lines.
 #include "meshtrain/cli/job_options.hpp"
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
-#include "meshtrain/config/llama_config.hpp"
-#include "meshtrain/mesh/mesh_config.hpp"
+#include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/runtime/compute_threads.hpp"
-#include "meshtrain/train/train_settings.hpp"
 
 #include <filesystem>
 #include <optional>
@@ -40,26 +38,25 @@ Job load_job(const JobOptions& options) {
   try {
     std::filesystem::path dir =
         options.config_dir.empty() ? config::default_config_dir() : std::filesystem::path(options.config_dir);
-    config::Config config = config::Config::load(dir, options.overrides);
-    log::set_level(log::parse_level(config.get_string("log_level")));
-    mesh::Mesh mesh = mesh::mesh_from_config(config, identity.hosts, identity.devices_per_host);
-    const runtime::RuntimeOptions runtime_options = runtime::RuntimeOptions::from_config(config);
+    settings::Settings settings = settings::Settings::from_config(config::Config::load(dir, options.overrides));
+    log::set_level(settings.log_level);
+    mesh::Mesh mesh =
+        mesh::Mesh::create(settings.mesh.ici, settings.mesh.dcn, identity.hosts, identity.devices_per_host);
     const int threads =
-        runtime::resolve_threads_per_device(runtime_options.threads_per_device, identity.devices_per_host);
-    const torch::Dtype compute_dtype = train::compute_dtype_of(config);
-    const model::Bf16Matmul bf16_setting = train::bf16_matmul_of(config);
+        runtime::resolve_threads_per_device(settings.runtime.threads_per_device, identity.devices_per_host);
+    const torch::Dtype compute_dtype = model::torch_dtype(settings.compute_dtype);
     // How this host's bf16 matmuls run, decided before the restart: an fp32 GEMM runs in OpenBLAS, as fp32 compute's
     // do, and wants the same OpenMP setting. A restarted process probes again (~0.1 s) and logs the line once.
     std::optional<model::Bf16MatmulChoice> bf16;
     if (compute_dtype == torch::kBFloat16) {
       const runtime::ThreadCountGuard probe_threads(threads);
-      bf16 = model::choose_bf16_matmul(bf16_setting, config::LlamaConfig::from_run_config(config).hidden_size);
+      bf16 = model::choose_bf16_matmul(settings.bf16_matmul, settings.model.hidden_size);
       model::set_bf16_matmul(bf16->path);
     }
     runtime::restart_with_passive_openmp_waits(threads, model::gemm_dtype(compute_dtype));
     if (bf16) log::info("{}", bf16->describe());
-    log_and_save_config(config, identity.host);
-    return Job{std::move(config), identity, std::move(mesh), runtime_options};
+    log_and_save_config(settings, identity.host);
+    return Job{std::move(settings), identity, std::move(mesh)};
   } catch (const std::exception& e) {
     if (identity.hosts > 1)
       runtime::publish_startup_failure(
@@ -87,12 +84,14 @@ void log_mesh(const mesh::Mesh& mesh) {
   log::block(mesh.device_table());
 }
 
-void log_and_save_config(const config::Config& config, int host) {
-  log::info("Resolved config:\n{}", config.to_yaml());
+void log_and_save_config(const settings::Settings& settings, int host) {
+  log::info("Resolved config:\n{}", settings.resolved_yaml());
   if (host != 0) return;
-  std::filesystem::path path =
-      std::filesystem::path(config.get_string("output_dir")) / "config.yaml";
-  config.save(path);
+  const std::filesystem::path path = settings.output_dir / "config.yaml";
+  std::filesystem::create_directories(settings.output_dir);
+  AtomicFileWriter file(path);
+  file.write(settings.resolved_yaml().data(), settings.resolved_yaml().size());
+  file.commit();
   log::info("Resolved config saved to {}", path.string());
 }
 

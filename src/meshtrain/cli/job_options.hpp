@@ -1,10 +1,10 @@
 // job_options.hpp — what every verb that runs a job shares: host flags, config overrides, the mesh log lines.
 #pragma once
 
-#include "meshtrain/config/config.hpp"
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/runtime/host_identity.hpp"
 #include "meshtrain/runtime/host_runtime.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -25,14 +25,13 @@ struct JobOptions {
 void add_job_options(CLI::App& app, JobOptions& options);
 
 struct Job {
-  config::Config config;
+  settings::Settings settings;
   runtime::HostIdentity identity;
   mesh::Mesh mesh;
-  runtime::RuntimeOptions runtime_options;
 };
 
-// Resolves this host's identity, loads the config (applying log_level), builds the mesh, reads the runtime options,
-// and logs and saves the resolved config. A failure once the identity is known is published to the job's coordinator
+// Resolves this host's identity, loads the config into settings (applying log_level), builds the mesh, and logs and
+// saves the resolved config. A failure once the identity is known is published to the job's coordinator
 // first (runtime::publish_startup_failure), so the other hosts end with this host's reason instead of waiting for it.
 Job load_job(const JobOptions& options);
 
@@ -45,6 +44,6 @@ void run_job(runtime::HostRuntime& runtime, int host, const std::function<void()
 void log_mesh(const mesh::Mesh& mesh);
 
 // Logs the resolved config and saves it as <output_dir>/config.yaml (host 0 only).
-void log_and_save_config(const config::Config& config, int host);
+void log_and_save_config(const settings::Settings& settings, int host);
 
 }  // namespace meshtrain::cli

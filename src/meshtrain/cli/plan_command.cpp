@@ -8,7 +8,7 @@
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/data/read_plan.hpp"
-#include "meshtrain/mesh/mesh_config.hpp"
+#include "meshtrain/settings/settings.hpp"
 #include "meshtrain/sharding/visualize.hpp"
 #include "meshtrain/train/memory_plan.hpp"
 
@@ -46,14 +46,14 @@ struct StepPlan {
   std::vector<data::ReadPlan> hosts;
 };
 
-StepPlan step_plan(const config::Config& config, const mesh::Mesh& mesh, int64_t global_step) {
+StepPlan step_plan(const settings::Settings& settings, const mesh::Mesh& mesh, int64_t global_step) {
   MT_USER_CHECK(global_step >= 0, "--step must be 0 or more, got {}", global_step);
-  const int64_t global_batch_size = config.get_int("global_batch_size"), block_size = config.get_int("block_size");
+  const int64_t global_batch_size = settings.global_batch_size, block_size = settings.block_size;
   // The index is enough for the sample count: no need to read every byte for a CRC.
-  const data::TokenDataset dataset(data::TokenDataset::resolve(config.get_string("dataset.path")), block_size,
+  const data::TokenDataset dataset(data::TokenDataset::resolve(settings.data.dataset_path), block_size,
                                    token_shards::PayloadCheck::never);
-  const data::GlobalSampler sampler = data::sampler_for(config, dataset, data::DataPipeline::Purpose::training);
-  const sharding::PartitionSpec spec = data::input_sharding(config, mesh);
+  const data::GlobalSampler sampler = data::sampler_for(settings, dataset, data::DataPipeline::Purpose::training);
+  const sharding::PartitionSpec spec = data::input_sharding(settings.data.input_sharding, mesh);
   StepPlan plan;
   plan.batches_per_epoch = sampler.batches_per_epoch();
   plan.cursor = {global_step / plan.batches_per_epoch, global_step % plan.batches_per_epoch};
@@ -82,11 +82,12 @@ std::string samples_of(const StepPlan& plan, const std::vector<int64_t>& rows) {
   return fmt::format("{}", fmt::join(ids, ", "));
 }
 
-void print_data_plan(const StepPlan& plan, const mesh::Mesh& mesh, const config::Config& config, int64_t global_step) {
+void print_data_plan(const StepPlan& plan, const mesh::Mesh& mesh, const settings::Settings& settings,
+                     int64_t global_step) {
   std::cout << "Data at step " << global_step << " = epoch " << plan.cursor.epoch << " step " << plan.cursor.step
             << " (" << plan.batches_per_epoch << " global batches per epoch): input_ids/labels i32["
-            << config.get_int("global_batch_size") << ", " << config.get_int("block_size") << "], "
-            << "data.input_sharding=" << config.get_string("data.input_sharding")
+            << settings.global_batch_size << ", " << settings.block_size << "], "
+            << "data.input_sharding=" << settings.data.input_sharding
             << "; Minibatch dataloading: " << (plan.hosts.front().minibatch ? "True" : "False") << "\n";
   std::cout << "  global batch: samples " << fmt::format("{}", fmt::join(plan.global_batch, ", ")) << "\n";
   for (const data::ReadPlan& host : plan.hosts) {
@@ -100,9 +101,9 @@ void print_data_plan(const StepPlan& plan, const mesh::Mesh& mesh, const config:
 }
 
 // The memory plan of the job (train/memory_plan.hpp) and whether it fits this machine.
-nlohmann::json memory_json(const config::Config& config, const mesh::Mesh& mesh) {
-  const train::TrainSettings settings = train::TrainSettings::from_config(config);
-  const train::MemoryPlan plan = train::plan_memory(settings, train::memory_layout(config, settings, mesh));
+nlohmann::json memory_json(const settings::Settings& settings, const mesh::Mesh& mesh) {
+  const train::MemoryPlan plan = train::plan_memory(
+      settings, train::memory_layout(settings, mesh, data::input_sharding(settings.data.input_sharding, mesh)));
   const MemoryAvailable available = available_memory();
   std::string verdict = "fits";
   try {
@@ -151,21 +152,20 @@ int plan_command(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  config::Config config =
-      config::Config::load(
-      config_dir.empty() ? config::default_config_dir() : std::filesystem::path(config_dir), overrides);
-  mesh::Mesh mesh = mesh::mesh_from_config(config, hosts, devices_per_host);
+  const settings::Settings settings = settings::Settings::from_config(config::Config::load(
+      config_dir.empty() ? config::default_config_dir() : std::filesystem::path(config_dir), overrides));
+  mesh::Mesh mesh = mesh::Mesh::create(settings.mesh.ici, settings.mesh.dcn, hosts, devices_per_host);
   if (show_memory) {
-    const nlohmann::json memory = memory_json(config, mesh);
+    const nlohmann::json memory = memory_json(settings, mesh);
     if (as_json) {
       std::cout << nlohmann::json{{"mesh", mesh_json(mesh)}, {"memory", memory}}.dump() << "\n";
       return 0;
     }
     std::cout << "Logical mesh shape: " << mesh.shape_string() << "\n"
               << "Model: " << memory["model_parameters"].get<int64_t>() << " parameters ("
-              << config.get_int("model.num_hidden_layers") << " layers x " << config.get_int("model.hidden_size")
-              << " hidden, vocab " << config.get_int("model.vocab_size") << "); global batch "
-              << config.get_int("global_batch_size") << " x " << config.get_int("block_size") << ", " << mesh.hosts()
+              << settings.model.num_hidden_layers << " layers x " << settings.model.hidden_size << " hidden, vocab "
+              << settings.model.vocab_size << "); global batch " << settings.global_batch_size << " x "
+              << settings.block_size << ", " << mesh.hosts()
               << " hosts x " << mesh.devices_per_host()
               << " devices per host\n"
               << "Memory plan: " << memory["describe"].get<std::string>() << "\n"
@@ -174,7 +174,7 @@ int plan_command(int argc, char** argv) {
               << "\n";
     return 0;
   }
-  const StepPlan plan = step_plan(config, mesh, global_step);
+  const StepPlan plan = step_plan(settings, mesh, global_step);
   if (as_json) {
     std::cout << nlohmann::json{{"mesh", mesh_json(mesh)}, {"data", data_json(plan)}}.dump() << "\n";
     return 0;
@@ -184,13 +184,13 @@ int plan_command(int argc, char** argv) {
             << "ici_mesh " << mesh.ici().equation() << " per slice, dcn_mesh " << mesh.dcn().equation()
             << " slices, " << mesh.hosts() << " hosts x " << mesh.devices_per_host() << " devices per host\n\n"
             << mesh.device_table() << "\n";
-  print_data_plan(plan, mesh, config, global_step);
+  print_data_plan(plan, mesh, settings, global_step);
   if (show_sharding) {
     const sharding::PictureOptions picture{sharding::wants_color(STDOUT_FILENO)};
     std::cout << "\n"
-              << sharding::render_input_batch(mesh, config.get_int("global_batch_size"), config.get_int("block_size"),
-                                              picture, data::input_sharding(config, mesh));
-    const config::LlamaConfig model_config = config::LlamaConfig::from_run_config(config);
+              << sharding::render_input_batch(mesh, settings.global_batch_size, settings.block_size, picture,
+                                              data::input_sharding(settings.data.input_sharding, mesh));
+    const config::LlamaConfig& model_config = settings.model;
     if (model_config.is_moe()) {
       // One layer's w1 of every expert, stacked: experts over `expert`, each expert's rows over `tensor` (and each
       // device's block then cut flat over `fsdp` by its FSDP unit).

@@ -20,8 +20,8 @@ int train_command(int argc, char** argv) {
   runtime::install_preemption_handlers();
   Job job = load_job(options);
   log_mesh(job.mesh);
-  runtime::HostRuntime runtime(job.identity, job.mesh, job.runtime_options);
-  run_job(runtime, job.identity.host, [&] { train::train_host(job.config, job.mesh, job.identity.host, runtime); });
+  runtime::HostRuntime runtime(job.identity, job.mesh, job.settings.runtime);
+  run_job(runtime, job.identity.host, [&] { train::train_host(job.settings, job.mesh, job.identity.host, runtime); });
   return 0;
 }
 

@@ -384,17 +384,4 @@ std::string Config::to_yaml() const {
   return std::string(emitter.c_str()) + "\n";
 }
 
-void Config::save(const fs::path& path) const {
-  if (path.has_parent_path()) fs::create_directories(path.parent_path());
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp);
-    MT_USER_CHECK(out.good(), "cannot write the config to {}", tmp.string());
-    out << to_yaml();
-    MT_USER_CHECK(out.good(), "writing the config to {} failed", tmp.string());
-  }
-  fs::rename(tmp, path);
-}
-
 }  // namespace meshtrain::config

@@ -4,8 +4,8 @@
 //
 // Every error is a UserError naming the key: an unknown key (with the closest known keys), a value of the wrong type
 // (with the value and the expected type), YAML text past the limits of docs/cli.md (with the file and the limit).
-// A Config is not safe to read from several threads, even through const: read it on the main thread only, and
-// resolve what device threads need into plain structs (RuntimeOptions, TrainSettings, ...) before they start.
+// A Config is not safe to read from several threads, even through const: settings::Settings::from_config reads it
+// once, on the main thread, into the typed tree every other part uses (settings/settings.hpp).
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -43,8 +43,6 @@ class Config {
   // Every leaf key with its value as YAML text ("0.003", "[1, 2]", "~"), sorted by key.
   std::map<std::string, std::string> leaf_values() const;
   std::string to_yaml() const;
-  // Writes to_yaml() to `path` (through a temporary file and a rename).
-  void save(const std::filesystem::path& path) const;
 
  private:
   YAML::Node root_;

@@ -1,4 +1,4 @@
-// llama_config.cpp — LlamaConfig from the run config and from/to Hugging Face config.json; derived counts.
+// llama_config.cpp — LlamaConfig from/to Hugging Face config.json; derived counts.
 #include "meshtrain/config/llama_config.hpp"
 
 #include "meshtrain/common/error.hpp"
@@ -10,11 +10,6 @@
 
 namespace meshtrain::config {
 namespace {
-
-// A YAML/JSON value that may be absent or null: the caller's default applies.
-bool present(const Config& config, const std::string& key) {
-  return config.has(key) && !config.node(key).IsNull();
-}
 
 // `value` as an int64_t: a JSON integer within int64_t's range (1e30 or 4.5 is not one: nlohmann would convert it
 // silently, and wrongly).
@@ -53,44 +48,6 @@ int64_t token_id(const nlohmann::json& json, const char* key, const std::string&
 }
 
 }  // namespace
-
-LlamaConfig LlamaConfig::from_run_config(const Config& config) {
-  LlamaConfig c;
-  c.vocab_size = config.get_int("model.vocab_size");
-  c.hidden_size = config.get_int("model.hidden_size");
-  c.intermediate_size = config.get_int("model.intermediate_size");
-  c.num_hidden_layers = config.get_int("model.num_hidden_layers");
-  c.num_attention_heads = config.get_int("model.num_attention_heads");
-  c.num_key_value_heads = present(config, "model.num_key_value_heads") ? config.get_int("model.num_key_value_heads")
-                                                                        : c.num_attention_heads;
-  c.head_dim = present(config, "model.head_dim") ? config.get_int("model.head_dim") : 0;
-  if (present(config, "model.max_position_embeddings"))
-    c.max_position_embeddings = config.get_int("model.max_position_embeddings");
-  if (present(config, "model.rms_norm_eps")) c.rms_norm_eps = config.get_float("model.rms_norm_eps");
-  if (present(config, "model.rope_theta")) c.rope_theta = config.get_float("model.rope_theta");
-  if (present(config, "model.tie_word_embeddings")) c.tie_word_embeddings = config.get_bool("model.tie_word_embeddings");
-  if (present(config, "model.initializer_range")) c.initializer_range = config.get_float("model.initializer_range");
-  if (present(config, "model.bos_token_id")) c.bos_token_id = config.get_int("model.bos_token_id");
-  if (present(config, "model.eos_token_id")) c.eos_token_id = config.get_int("model.eos_token_id");
-  if (present(config, "model.rope_scaling")) {
-    std::string type = config.get_string("model.rope_scaling.rope_type");
-    MT_USER_CHECK(type == "llama3", "model.rope_scaling.rope_type is '{}'; only 'llama3' is supported", type);
-    Llama3RopeScaling s;
-    s.factor = config.get_float("model.rope_scaling.factor");
-    s.low_freq_factor = config.get_float("model.rope_scaling.low_freq_factor");
-    s.high_freq_factor = config.get_float("model.rope_scaling.high_freq_factor");
-    s.original_max_position_embeddings = config.get_int("model.rope_scaling.original_max_position_embeddings");
-    c.rope_scaling = s;
-  }
-  if (present(config, "model.num_local_experts")) c.num_local_experts = config.get_int("model.num_local_experts");
-  if (present(config, "model.num_experts_per_tok"))
-    c.num_experts_per_tok = config.get_int("model.num_experts_per_tok");
-  if (present(config, "model.router_aux_loss_coef"))
-    c.router_aux_loss_coef = config.get_float("model.router_aux_loss_coef");
-  if (c.head_dim == 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.validate("config key model");
-  return c;
-}
 
 LlamaConfig LlamaConfig::from_hf_json(const nlohmann::json& json, const std::string& source) {
   MT_USER_CHECK(json.is_object(), "{}: expected a JSON object", source);

@@ -1,10 +1,9 @@
 // llama_config.hpp — the Llama-3 architecture hyperparameters (Hugging Face LlamaConfig field names), read from the
-// config tree (`model.*`, configs/model/<name>.yaml) or from a checkpoint's config.json, and the parameter and FLOP
-// counts derived from them without allocating anything. With num_local_experts > 0 it is a Mixtral (Hugging Face
-// MixtralConfig, model_type "mixtral"): every MLP is a sparse mixture of that many SwiGLU experts (model/moe.hpp).
+// run's settings (`model.*`, configs/model/<name>.yaml: settings/settings.hpp) or from a checkpoint's config.json,
+// and the parameter and FLOP counts derived from them without allocating anything. With num_local_experts > 0 it is a
+// Mixtral (Hugging Face MixtralConfig, model_type "mixtral"): every MLP is a sparse mixture of that many SwiGLU
+// experts (model/moe.hpp).
 #pragma once
-
-#include "meshtrain/config/config.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -46,8 +45,6 @@ struct LlamaConfig {
 
   bool is_moe() const { return num_local_experts > 0; }
 
-  // Reads the `model` subtree of a run config (the keys of configs/model/<name>.yaml). Validates.
-  static LlamaConfig from_run_config(const Config& config);
   // Reads a Hugging Face config.json object (unknown keys are ignored; unsupported features are errors naming the
   // key). `source` names the file in messages.
   static LlamaConfig from_hf_json(const nlohmann::json& json, const std::string& source);

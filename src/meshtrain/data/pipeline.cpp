@@ -1,4 +1,4 @@
-// pipeline.cpp — the pipeline's construction from the config, the device loader, the instrumentation lines and the
+// pipeline.cpp — the pipeline's construction from the settings, the device loader, the instrumentation lines and the
 // data state for checkpoints.
 //
 // Legend: R = host-local rows, T = block_size, T1 = block_size + 1.
@@ -28,93 +28,85 @@ std::string ids_string(const std::vector<int64_t>& ids, size_t max = 8) {
   return ids.size() > max ? text + ", ..." : text;
 }
 
-bool evaluating(const config::Config& config) { return config.get_int("eval.every_steps") > 0; }
-
 // The dataset a pipeline reads: eval.dataset for an evaluation that has one, else dataset.path. Each shard's bytes are
 // checksummed when the loader first reads from it, not all of them before step 1.
-std::shared_ptr<const TokenDataset> open_dataset(const config::Config& config, DataPipeline::Purpose purpose) {
-  std::string path = config.get_string("dataset.path");
-  if (purpose == DataPipeline::Purpose::evaluation && !config.get_string("eval.dataset").empty())
-    path = config.get_string("eval.dataset");
-  return std::make_shared<const TokenDataset>(TokenDataset::resolve(path), config.get_int("block_size"),
+std::shared_ptr<const TokenDataset> open_dataset(const settings::Settings& settings, DataPipeline::Purpose purpose) {
+  const bool own_eval_data = purpose == DataPipeline::Purpose::evaluation && !settings.eval.from_holdout();
+  const std::string& path = own_eval_data ? settings.eval.dataset : settings.data.dataset_path;
+  return std::make_shared<const TokenDataset>(TokenDataset::resolve(path), settings.block_size,
                                               token_shards::PayloadCheck::on_first_read);
 }
 
 // How many samples at the end of dataset.path evaluation holds out: ceil(eval.holdout_fraction * num_samples) while
 // evaluation is on without an eval.dataset, else none.
-int64_t held_out_samples(const config::Config& config, int64_t num_samples) {
-  if (!evaluating(config) || !config.get_string("eval.dataset").empty()) return 0;
-  const double fraction = config.get_float("eval.holdout_fraction");
-  MT_USER_CHECK(fraction > 0 && fraction < 1, "eval.holdout_fraction must be in (0, 1), got {}", fraction);
-  return static_cast<int64_t>(std::ceil(fraction * static_cast<double>(num_samples) - 1e-9));
+int64_t held_out_samples(const settings::EvalSettings& eval, int64_t num_samples) {
+  if (!eval.enabled() || !eval.from_holdout()) return 0;
+  return static_cast<int64_t>(std::ceil(eval.holdout_fraction * static_cast<double>(num_samples) - 1e-9));
 }
 
 }  // namespace
 
-GlobalSampler sampler_for(const config::Config& config, const TokenDataset& dataset, DataPipeline::Purpose purpose) {
-  const uint64_t seed = static_cast<uint64_t>(config.get_int("seed"));
-  const int64_t global_batch_size = config.get_int("global_batch_size"), n = dataset.num_samples();
+GlobalSampler sampler_for(const settings::Settings& settings, const TokenDataset& dataset,
+                          DataPipeline::Purpose purpose) {
+  const settings::EvalSettings& eval = settings.eval;
+  const int64_t global_batch_size = settings.global_batch_size, n = dataset.num_samples();
   if (purpose == DataPipeline::Purpose::training) {
-    const int64_t held_out = held_out_samples(config, n);
+    const int64_t held_out = held_out_samples(eval, n);
     MT_USER_CHECK(held_out == 0 || n - held_out >= global_batch_size,
                   "eval.holdout_fraction={} holds out {} of the {} samples of {}, leaving fewer than one global batch "
-                  "(global_batch_size={}) to train on", config.get_float("eval.holdout_fraction"), held_out, n,
+                  "(global_batch_size={}) to train on", eval.holdout_fraction, held_out, n,
                   dataset.path().string(), global_batch_size);
-    return GlobalSampler(seed, SampleRange{0, n - held_out}, global_batch_size);
+    return GlobalSampler(settings.seed, SampleRange{0, n - held_out}, global_batch_size);
   }
-  MT_USER_CHECK(evaluating(config), "an evaluation pipeline needs eval.every_steps > 0");
-  const int64_t batches = config.get_int("eval.batches");
-  MT_USER_CHECK(batches >= 1, "eval.batches must be >= 1, got {}", batches);
-  const bool from_holdout = config.get_string("eval.dataset").empty();
-  const int64_t held_out = from_holdout ? held_out_samples(config, n) : n;
-  MT_USER_CHECK(held_out >= batches * global_batch_size,
+  MT_USER_CHECK(eval.enabled(), "an evaluation pipeline needs eval.every_steps > 0");
+  const int64_t held_out = eval.from_holdout() ? held_out_samples(eval, n) : n;
+  MT_USER_CHECK(held_out >= eval.batches * global_batch_size,
                 "eval.batches={} needs {} x {} (global_batch_size) = {} held-out samples, but {} holds out {}{}: lower "
-                "eval.batches{}", batches, batches, global_batch_size, batches * global_batch_size,
+                "eval.batches{}", eval.batches, eval.batches, global_batch_size, eval.batches * global_batch_size,
                 dataset.path().string(), held_out,
-                from_holdout
-                    ? fmt::format(" (eval.holdout_fraction={} of {})", config.get_float("eval.holdout_fraction"), n)
-                    : " (eval.dataset: all of its samples)",
-                from_holdout ? " or raise eval.holdout_fraction" : "");
+                eval.from_holdout() ? fmt::format(" (eval.holdout_fraction={} of {})", eval.holdout_fraction, n)
+                                    : " (eval.dataset: all of its samples)",
+                eval.from_holdout() ? " or raise eval.holdout_fraction" : "");
   // Its own key, so that its order does not follow the training order.
-  return GlobalSampler(splitmix64(seed ^ 0x6576616c), SampleRange{n - held_out, held_out}, global_batch_size,
-                       /*fixed_order=*/true, batches);
+  return GlobalSampler(splitmix64(settings.seed ^ 0x6576616c), SampleRange{n - held_out, held_out}, global_batch_size,
+                       /*fixed_order=*/true, eval.batches);
 }
 
-DataPipeline::DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host,
+DataPipeline::DataPipeline(const settings::Settings& settings, const mesh::Mesh& mesh, int host,
                            const nlohmann::json* saved_state, Purpose purpose)
     : mesh_(mesh),
       host_(host),
-      global_batch_size_(config.get_int("global_batch_size")),
-      block_size_(config.get_int("block_size")),
-      seed_(static_cast<uint64_t>(config.get_int("seed"))),
-      spec_(input_sharding(config, mesh)),
-      debug_shapes_(purpose == Purpose::training && config.get_bool("debug.data_shapes")),
-      debug_steps_(config.get_int("debug.data_shape_steps")),
-      dataset_(open_dataset(config, purpose)),
-      sampler_(sampler_for(config, *dataset_, purpose)),
+      global_batch_size_(settings.global_batch_size),
+      block_size_(settings.block_size),
+      seed_(settings.seed),
+      spec_(input_sharding(settings.data.input_sharding, mesh)),
+      debug_shapes_(purpose == Purpose::training && settings.debug.data_shapes),
+      debug_steps_(settings.debug.data_shape_steps),
+      dataset_(open_dataset(settings, purpose)),
+      sampler_(sampler_for(settings, *dataset_, purpose)),
       plan_(ReadPlan::make(mesh, global_batch_size_, block_size_, spec_, host)),
       row_replicas_(mesh::MeshRoles(mesh).row_replicas(spec_.dims.at(0))),
       taken_(plan_.devices.size(), 0) {
   if (saved_state) start_ = check_state(*saved_state);
   HostLoaderOptions options;
-  options.prefetch_steps = static_cast<int>(config.get_int("data.prefetch_steps"));
-  options.threads = static_cast<int>(config.get_int("data.loader_threads"));
+  options.prefetch_steps = settings.data.prefetch_steps;
+  options.threads = settings.data.loader_threads;
   options.consumers = static_cast<int>(plan_.devices.size());
   if (purpose == Purpose::evaluation) {
     MT_CHECK(!saved_state, "an evaluation pipeline starts at its first batch");
     log::info("Eval data {}: samples {}..{} of {} ({}), {} global batches of {} x {} per evaluation, read with the "
               "training read plan", dataset_->path().string(), samples().first, samples().first + samples().count - 1,
               dataset_->num_samples(),
-              config.get_string("eval.dataset").empty() ? "held out from training: eval.holdout_fraction" : "eval.dataset",
+              settings.eval.from_holdout() ? "held out from training: eval.holdout_fraction" : "eval.dataset",
               sampler_.batches_per_epoch(), global_batch_size_, block_size_);
     options.threads = 1;
   } else {
-    log_training_plan(config, start_);
+    log_training_plan(settings.eval, start_);
   }
   loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start_, options);
 }
 
-void DataPipeline::log_training_plan(const config::Config& config, DataCursor start) const {
+void DataPipeline::log_training_plan(const settings::EvalSettings& eval, DataCursor start) const {
   const token_shards::ShardIndex& index = dataset_->index();
   log::info("Dataset {}: {} tokens in {} shard(s), tokenizer {}; {} samples of {}+1 tokens, {} global batches of {} "
             "per epoch", dataset_->path().string(), index.total_tokens, index.shards.size(),
@@ -125,7 +117,7 @@ void DataPipeline::log_training_plan(const config::Config& config, DataCursor st
             mesh::axes_label(spec_.dims[0]), plan_.summary(global_batch_size_));
   if (samples().count < dataset_->num_samples())
     log::info("Training on samples 0..{}; the last {} are held out for evaluation (eval.holdout_fraction={})",
-              samples().count - 1, dataset_->num_samples() - samples().count, config.get_float("eval.holdout_fraction"));
+              samples().count - 1, dataset_->num_samples() - samples().count, eval.holdout_fraction);
   log::info("Data starts at epoch {} step {}", start.epoch, start.step);
 }
 

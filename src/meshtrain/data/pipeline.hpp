@@ -1,4 +1,4 @@
-// pipeline.hpp — DataPipeline: the data path of one host, from the config to each device's sharded batch (stages,
+// pipeline.hpp — DataPipeline: the data path of one host, from the settings to each device's sharded batch (stages,
 // logs and the resume state: docs/data.md).
 //
 //   token shards --TokenDataset--> samples --GlobalSampler--> global batch (epoch, step) --ReadPlan--> this host's
@@ -9,13 +9,13 @@
 // or host count. An evaluation pipeline (Purpose::evaluation) is the same path over the held-out samples.
 #pragma once
 
-#include "meshtrain/config/config.hpp"
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/data/global_sampler.hpp"
 #include "meshtrain/data/host_loader.hpp"
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/runtime/device_context.hpp"
+#include "meshtrain/settings/settings.hpp"
 #include "meshtrain/sharding/global_tensor.hpp"
 
 #include <nlohmann/json.hpp>
@@ -38,14 +38,14 @@ class DataPipeline {
  public:
   enum class Purpose { training, evaluation };
 
-  // Opens the dataset from the config (dataset.path, block_size, global_batch_size, seed, data.*, debug.*), builds
+  // Opens the dataset of the settings (dataset.path, block_size, global_batch_size, seed, data.*, debug.*), builds
   // this host's read plan on `mesh` (which must outlive the pipeline), logs the plan and torchprime's
   // `Minibatch dataloading: True|False` line, and starts prefetching global batches in background threads: from the
   // first batch, or where `saved_state` (a checkpoint's data state, state()) says, after check_state accepted it.
   // UserError on bad input (names the key/file). An evaluation pipeline starts at its first batch
   // (`saved_state` null), logs one line and no debug lines.
-  DataPipeline(const config::Config& config, const mesh::Mesh& mesh, int host, const nlohmann::json* saved_state,
-               Purpose purpose = Purpose::training);
+  DataPipeline(const settings::Settings& settings, const mesh::Mesh& mesh, int host,
+               const nlohmann::json* saved_state, Purpose purpose = Purpose::training);
   ~DataPipeline();  // stops the threads cleanly
   DataPipeline(const DataPipeline&) = delete;
   DataPipeline& operator=(const DataPipeline&) = delete;
@@ -63,6 +63,8 @@ class DataPipeline {
   // How many devices of the batch axes hold each row of a batch (mesh::MeshRoles::row_replicas of the input
   // sharding): a sum over them counts each row that many times.
   int64_t row_replicas() const { return row_replicas_; }
+  // The input batch's spec (data.input_sharding on this mesh: input_sharding()).
+  const sharding::PartitionSpec& spec() const { return spec_; }
   // The rows of a global batch each device holds.
   int64_t rows_per_device() const { return plan_.devices.at(0).count; }
   // Where this pipeline started: the first batch, or the saved state's cursor.
@@ -85,7 +87,7 @@ class DataPipeline {
   nlohmann::json identity() const;
   void log_host_stage(const HostBatch& batch) const;
   // The training pipeline's start-up lines: the dataset, the minibatch line, the read plan, the held-out split.
-  void log_training_plan(const config::Config& config, DataCursor start) const;
+  void log_training_plan(const settings::EvalSettings& eval, DataCursor start) const;
 
   const mesh::Mesh& mesh_;
   int host_;
@@ -106,6 +108,7 @@ class DataPipeline {
 // The sampler of a pipeline over `dataset` (opened from dataset.path, or eval.dataset for an evaluation): training
 // draws from the samples not held out, a new order each epoch; evaluation from the held-out ones (or all of
 // eval.dataset), eval.batches batches in one fixed order. UserError naming the eval.* key that does not fit.
-GlobalSampler sampler_for(const config::Config& config, const TokenDataset& dataset, DataPipeline::Purpose purpose);
+GlobalSampler sampler_for(const settings::Settings& settings, const TokenDataset& dataset,
+                          DataPipeline::Purpose purpose);
 
 }  // namespace meshtrain::data

@@ -9,8 +9,7 @@
 
 namespace meshtrain::data {
 
-sharding::PartitionSpec input_sharding(const config::Config& config, const mesh::Mesh& mesh) {
-  const std::string text = config.get_string("data.input_sharding");
+sharding::PartitionSpec input_sharding(const std::string& text, const mesh::Mesh& mesh) {
   sharding::PartitionSpec spec;
   try {
     spec = sharding::PartitionSpec::parse(text);

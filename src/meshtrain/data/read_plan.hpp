@@ -7,7 +7,6 @@
 // over every device of the job: each host then reads only global_batch_size / hosts rows.
 #pragma once
 
-#include "meshtrain/config/config.hpp"
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/sharding/spec.hpp"
 
@@ -19,7 +18,7 @@ namespace meshtrain::data {
 
 // The spec of the input batch from data.input_sharding (a parse error names the key) on `mesh`: with expert > 1 and
 // a spec that leaves expert out, the rows are split over expert too (after the axes the spec names).
-sharding::PartitionSpec input_sharding(const config::Config& config, const mesh::Mesh& mesh);
+sharding::PartitionSpec input_sharding(const std::string& text, const mesh::Mesh& mesh);
 
 // The rows [begin, begin + count) of the global batch that one device holds; they sit at `local_begin` in its host's
 // host-local batch.

@@ -54,21 +54,6 @@ struct Fp32GemmOfBf16 : torch::autograd::Function<Fp32GemmOfBf16> {
 
 }  // namespace
 
-std::optional<Bf16Matmul> bf16_matmul_from_name(const std::string& name) {
-  for (Bf16Matmul path : {Bf16Matmul::automatic, Bf16Matmul::native, Bf16Matmul::fp32_gemm})
-    if (name == bf16_matmul_name(path)) return path;
-  return std::nullopt;
-}
-
-const char* bf16_matmul_name(Bf16Matmul path) {
-  switch (path) {
-    case Bf16Matmul::automatic: return "auto";
-    case Bf16Matmul::native: return "native";
-    case Bf16Matmul::fp32_gemm: return "fp32_gemm";
-  }
-  return "?";
-}
-
 std::string cpu_bf16_flags() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;

@@ -16,6 +16,8 @@
 // Legend: N rows (tokens), I inner (contracted) size, O output columns; "..." leading batch dimensions.
 #pragma once
 
+#include "meshtrain/settings/settings.hpp"
+
 #include <torch/torch.h>
 
 #include <optional>
@@ -23,11 +25,14 @@
 
 namespace meshtrain::model {
 
-enum class Bf16Matmul { automatic, native, fp32_gemm };
+using settings::Bf16Matmul;
+using settings::bf16_matmul_from_name;
+using settings::bf16_matmul_name;
 
-// "auto", "native", "fp32_gemm" -> the setting; nullopt for anything else.
-std::optional<Bf16Matmul> bf16_matmul_from_name(const std::string& name);
-const char* bf16_matmul_name(Bf16Matmul path);  // "auto", "native", "fp32_gemm"
+// The torch dtype of compute_dtype.
+inline torch::Dtype torch_dtype(settings::ComputeDtype dtype) {
+  return dtype == settings::ComputeDtype::bfloat16 ? torch::kBFloat16 : torch::kFloat32;
+}
 
 // What decided the path, for the start-up line.
 struct Bf16MatmulChoice {

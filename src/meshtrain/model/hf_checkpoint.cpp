@@ -4,6 +4,7 @@
 
 #include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/common/shape_text.hpp"
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/log.hpp"
 
@@ -23,8 +24,6 @@ void begin_checkpoint_directory(const fs::path& dir) {
   fs::remove(dir / checkpoint::kCompletionMarker);
   fsync_directory(dir);
 }
-
-std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10::IntArrayRef(shape)); }
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 #include "meshtrain/parallel/parallel_model.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/parallel/expert_parallel.hpp"
@@ -180,23 +181,13 @@ std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_ca
 
 }  // namespace
 
-int ParallelOptions::parse_checkpoint_every(const std::string& value) {
-  if (value == "none") return 0;
-  if (value == "full") return 1;
-  const std::string prefix = "every_";
-  int every = 0;
-  if (value.compare(0, prefix.size(), prefix) == 0) {
-    try {
-      size_t used = 0;
-      every = std::stoi(value.substr(prefix.size()), &used);
-      if (used != value.size() - prefix.size()) every = 0;
-    } catch (const std::exception&) {
-      every = 0;
-    }
-  }
-  MT_USER_CHECK(every >= 1, "activation_checkpointing={}: expected none, full or every_<k> (k >= 1, e.g. every_2)",
-                value);
-  return every;
+ParallelOptions ParallelOptions::from(const settings::Settings& settings) {
+  ParallelOptions options;
+  options.reshard_after_forward = settings.parallel.reshard_after_forward;
+  options.checkpoint_every = settings.parallel.checkpoint_every;
+  options.gather_dtype = model::torch_dtype(settings.compute_dtype);  // bf16 compute gathers bf16
+  options.capacity_factor = settings.parallel.capacity_factor;
+  return options;
 }
 
 ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, runtime::DeviceContext& ctx,

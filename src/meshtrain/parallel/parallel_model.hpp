@@ -14,6 +14,7 @@
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
 #include "meshtrain/runtime/device_context.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include <functional>
 #include <memory>
@@ -33,8 +34,8 @@ struct ParallelOptions {
   // A Mixtral's expert capacity (moe.capacity_factor): 0 dropless, c > 0 see MixtralSparseMoe::set_capacity_factor.
   double capacity_factor = 0;
 
-  // "none" | "full" | "every_<k>" (k >= 1); UserError naming the key otherwise.
-  static int parse_checkpoint_every(const std::string& value);
+  // parallel.*, moe.capacity_factor, activation_checkpointing; the gathers in the compute dtype.
+  static ParallelOptions from(const settings::Settings& settings);
 };
 
 class ParallelModel {

@@ -4,7 +4,6 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/json_read.hpp"
 #include "meshtrain/common/log.hpp"
-#include "meshtrain/config/config.hpp"
 #include "meshtrain/runtime/compute_threads.hpp"
 #include "meshtrain/runtime/network.hpp"
 #include "meshtrain/runtime/watchdog.hpp"
@@ -100,27 +99,6 @@ DeviceContext::GroupFactory gloo_group_factory(c10::intrusive_ptr<c10d::Store> s
                                         label, members.size(), rank, e.what()));
     }
   };
-}
-
-RuntimeOptions RuntimeOptions::from_config(const config::Config& config) {
-  RuntimeOptions o;
-  o.threads_per_device = static_cast<int>(config.get_int("runtime.threads_per_device"));
-  o.failure_timeout_s = config.get_float("runtime.failure_timeout_s");
-  o.heartbeat_interval_s = config.get_float("runtime.heartbeat_interval_s");
-  o.rendezvous_timeout_s = config.get_float("runtime.rendezvous_timeout_s");
-  o.collective_timeout_s = config.get_float("runtime.collective_timeout_s");
-  o.step_timeout_s = config.get_float("runtime.step_timeout_s");
-  MT_USER_CHECK(o.threads_per_device >= 0, "runtime.threads_per_device must be >= 0 (0 = auto), got {}",
-                o.threads_per_device);
-  MT_USER_CHECK(o.heartbeat_interval_s > 0, "runtime.heartbeat_interval_s must be > 0, got {}", o.heartbeat_interval_s);
-  MT_USER_CHECK(o.failure_timeout_s > 2 * o.heartbeat_interval_s,
-                "runtime.failure_timeout_s ({}) must exceed twice runtime.heartbeat_interval_s ({})",
-                o.failure_timeout_s, o.heartbeat_interval_s);
-  MT_USER_CHECK(o.rendezvous_timeout_s > 0, "runtime.rendezvous_timeout_s must be > 0, got {}", o.rendezvous_timeout_s);
-  MT_USER_CHECK(o.collective_timeout_s > 0, "runtime.collective_timeout_s must be > 0, got {}", o.collective_timeout_s);
-  MT_USER_CHECK(o.step_timeout_s >= 0, "runtime.step_timeout_s must be >= 0 (0 = no hang detection), got {}",
-                o.step_timeout_s);
-  return o;
 }
 
 void publish_startup_failure(const HostIdentity& identity, const std::string& reason, int exit_code) {

@@ -14,6 +14,7 @@
 #include "meshtrain/runtime/job_agreement.hpp"
 #include "meshtrain/runtime/job_store.hpp"
 #include "meshtrain/runtime/local_group.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -21,24 +22,12 @@
 #include <functional>
 #include <memory>
 
-namespace meshtrain::config {
-class Config;
-}
-
 namespace meshtrain::runtime {
 
 class Watchdog;
 
-struct RuntimeOptions {
-  int threads_per_device = 0;  // 0: the host's cores split evenly between its devices
-  double failure_timeout_s = 30;
-  double heartbeat_interval_s = 1;
-  double rendezvous_timeout_s = 120;
-  double collective_timeout_s = 600;
-  double step_timeout_s = 600;  // 0: no hang detection
-
-  static RuntimeOptions from_config(const config::Config& config);  // the runtime.* keys
-};
+// The runtime.* settings: threads per device and the timeouts.
+using RuntimeOptions = settings::RuntimeSettings;
 
 // The group factory of one device: Gloo groups whose rendezvous goes through `store` under "group/<key>"; a group
 // whose members are all among `local_groups`' devices (the host's, shared by its device threads) moves its

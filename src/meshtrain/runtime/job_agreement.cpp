@@ -1,7 +1,6 @@
 // job_agreement.cpp — JobFacts as JSON, the host-local keys, and the per-host comparison with its refusal text.
 #include "meshtrain/runtime/job_agreement.hpp"
 
-#include "meshtrain/config/key_attributes.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -48,13 +47,6 @@ JobFacts JobFacts::from_json(const nlohmann::json& json) {
   facts.resume = json.at("resume").get<std::string>();
   facts.shared_dir = json.at("shared_dir").get<std::string>();
   return facts;
-}
-
-std::map<std::string, std::string> shared_config(const std::map<std::string, std::string>& leaf_values) {
-  std::map<std::string, std::string> out;
-  for (const auto& [key, value] : leaf_values)
-    if (!config::key_attributes(key).may_differ_between_hosts) out[key] = value;
-  return out;
 }
 
 std::string compare_job_facts(const std::vector<JobFacts>& facts, const std::vector<std::vector<int>>& unseen) {

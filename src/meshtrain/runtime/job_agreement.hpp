@@ -14,7 +14,7 @@
 namespace meshtrain::runtime {
 
 struct JobFacts {
-  std::map<std::string, std::string> config;  // every config key that must be equal on all hosts -> its value
+  std::map<std::string, std::string> config;  // settings::Settings::host_shared(): keys equal on all hosts -> value
   std::string build;                          // build_id() of the binary
   std::string dataset;                        // the dataset's fingerprint ("" when the verb reads none)
   std::string resume;                         // the checkpoint it would resume from: "step 20 (data epoch 0 step 20)"
@@ -23,11 +23,6 @@ struct JobFacts {
   nlohmann::json to_json() const;
   static JobFacts from_json(const nlohmann::json& json);
 };
-
-// The config values (Config::leaf_values()) that must agree across hosts: all but the keys that may differ between
-// hosts (config/key_attributes.hpp); the paths among them are checked by content instead (dataset.path by the
-// dataset fingerprint, output_dir by the shared-storage check).
-std::map<std::string, std::string> shared_config(const std::map<std::string, std::string>& leaf_values);
 
 // The refusal for `facts` (index = host) and, per host, the hosts whose marker files it could not see in its
 // shared_dir; "" when every host agrees.

@@ -68,7 +68,7 @@ GlobalTensor::GlobalTensor(const mesh::Mesh& mesh, int device, Shape global_shap
   check_spec(mesh, global_shape_, spec_);
   const Shape expected = bounds().shape;
   MT_CHECK(shard_.sizes().vec() == expected, "device {}'s shard of {} has shape {}, expected {}", device_,
-           type_string(), shape_string(shard_.sizes().vec()), shape_string(expected));
+           type_string(), shape_text(shard_.sizes().vec()), shape_text(expected));
 }
 
 GlobalTensor GlobalTensor::from_host_local(const mesh::Mesh& mesh, int device, const Shape& global_shape,
@@ -78,7 +78,7 @@ GlobalTensor GlobalTensor::from_host_local(const mesh::Mesh& mesh, int device, c
   MT_USER_CHECK(host_local.sizes().vec() == layout.shape(),
                 "host {}'s local data for {} has shape {}, expected {} (the blocks of the global tensor its devices "
                 "hold)", host, sharding::type_string(host_local.scalar_type(), global_shape, spec),
-                shape_string(host_local.sizes().vec()), shape_string(layout.shape()));
+                shape_text(host_local.sizes().vec()), shape_text(layout.shape()));
   const ShardBounds bounds = shard_bounds(mesh, global_shape, spec, device);
   return from_host_local_block(mesh, device, global_shape, spec, host_local, bounds, layout.local_offset(bounds));
 }
@@ -92,11 +92,11 @@ GlobalTensor GlobalTensor::from_host_local_block(const mesh::Mesh& mesh, int dev
     fits = in_buffer.offset[d] >= 0 &&
            in_buffer.offset[d] + in_buffer.shape[d] <= host_local.size(static_cast<int64_t>(d));
   MT_CHECK(fits, "device {}'s block {} at {} does not fit in the host-local data of shape {}", device,
-           shape_string(block.shape), shape_string(offset_in_host_local), shape_string(host_local.sizes().vec()));
+           shape_text(block.shape), shape_text(offset_in_host_local), shape_text(host_local.sizes().vec()));
   const at::Tensor shard = narrow_to(host_local, Shape(global_shape.size(), 0), in_buffer);
   GlobalTensor out(mesh, device, global_shape, spec, shard.clone(at::MemoryFormat::Contiguous));
   MT_CHECK(out.bounds() == block, "device {}'s block starts at {}, but {} places it at {}", device,
-           shape_string(block.offset), out.type_string(), shape_string(out.bounds().offset));
+           shape_text(block.offset), out.type_string(), shape_text(out.bounds().offset));
   return out;
 }
 

@@ -118,19 +118,19 @@ std::string PartitionSpec::to_string() const {
 void check_spec(const mesh::Mesh& mesh, const Shape& shape, const PartitionSpec& spec) {
   MT_USER_CHECK(spec.rank() == static_cast<int>(shape.size()),
                 "partition spec {} has {} entries but the tensor {} has {} dimensions (one entry per dimension)",
-                spec.to_string(), spec.rank(), shape_string(shape), shape.size());
+                spec.to_string(), spec.rank(), shape_text(shape), shape.size());
   std::set<mesh::Axis> seen;
   for (mesh::Axis axis : spec.used_axes())
     MT_USER_CHECK(seen.insert(axis).second, "partition spec {} uses mesh axis {} more than once", spec.to_string(),
                   mesh::axis_name(axis));
   for (size_t d = 0; d < shape.size(); ++d) {
-    MT_USER_CHECK(shape[d] >= 0, "tensor shape {}: dimension {} has a negative size {}", shape_string(shape), d,
+    MT_USER_CHECK(shape[d] >= 0, "tensor shape {}: dimension {} has a negative size {}", shape_text(shape), d,
                   shape[d]);
     const int ways = mesh.size_along(spec.dims[d]);
     MT_USER_CHECK(shape[d] % ways == 0,
                   "cannot shard dimension {} of size {} over {}: {} = {} does not divide {} (tensor {}, spec {})", d,
                   shape[d], mesh::axes_label(spec.dims[d]), mesh::axes_label(spec.dims[d]), ways, shape[d],
-                  shape_string(shape), spec.to_string());
+                  shape_text(shape), spec.to_string());
   }
 }
 
@@ -213,7 +213,7 @@ std::string dtype_short_name(c10::ScalarType dtype) {
 
 std::string type_string(c10::ScalarType dtype, const Shape& shape, const PartitionSpec& spec) {
   MT_CHECK(spec.rank() == static_cast<int>(shape.size()), "spec {} does not match shape {}", spec.to_string(),
-           shape_string(shape));
+           shape_text(shape));
   std::string out = dtype_short_name(dtype) + "[";
   for (size_t d = 0; d < shape.size(); ++d) {
     out += fmt::format("{}{}", d ? ", " : "", shape[d]);
@@ -242,12 +242,6 @@ Shape parse_shape(const std::string& text) {
     shape.push_back(size);
   }
   return shape;
-}
-
-std::string shape_string(const Shape& shape) {
-  std::string out = "[";
-  for (size_t d = 0; d < shape.size(); ++d) out += fmt::format("{}{}", d ? ", " : "", shape[d]);
-  return out + "]";
 }
 
 }  // namespace meshtrain::sharding

@@ -8,6 +8,7 @@
 // that differ only along the axes the spec does not mention hold the same block: they are replicas.
 #pragma once
 
+#include "meshtrain/common/shape_text.hpp"
 #include "meshtrain/mesh/mesh.hpp"
 
 #include <c10/core/ScalarType.h>
@@ -89,7 +90,5 @@ std::string type_string(c10::ScalarType dtype, const Shape& shape, const Partiti
 
 // Parses "8,4096" or "[8, 4096]" into a shape (UserError naming the entry otherwise).
 Shape parse_shape(const std::string& text);
-// "[8, 4096]"
-std::string shape_string(const Shape& shape);
 
 }  // namespace meshtrain::sharding

@@ -1,4 +1,4 @@
-// adamw.cpp — the AdamW update in the op order of torch's single-tensor implementation, and its config checks.
+// adamw.cpp — the AdamW update in the op order of torch's single-tensor implementation.
 #include "meshtrain/train/adamw.hpp"
 
 #include "meshtrain/common/error.hpp"
@@ -7,26 +7,6 @@
 #include <cmath>
 
 namespace meshtrain::train {
-
-AdamWOptions AdamWOptions::from_config(const config::Config& config) {
-  const std::string type = config.get_string("optimizer.type");
-  MT_USER_CHECK(type == "adamw", "config key 'optimizer.type' must be 'adamw' (the only optimizer), got '{}'", type);
-  AdamWOptions o;
-  o.learning_rate = config.get_float("optimizer.learning_rate");
-  o.beta1 = config.get_float("optimizer.beta1");
-  o.beta2 = config.get_float("optimizer.beta2");
-  o.epsilon = config.get_float("optimizer.epsilon");
-  o.weight_decay = config.get_float("optimizer.weight_decay");
-  MT_USER_CHECK(std::isfinite(o.learning_rate) && o.learning_rate >= 0,
-                "config key 'optimizer.learning_rate' must be >= 0, got {}", o.learning_rate);
-  MT_USER_CHECK(o.beta1 >= 0 && o.beta1 < 1, "config key 'optimizer.beta1' must be in [0, 1), got {}", o.beta1);
-  MT_USER_CHECK(o.beta2 >= 0 && o.beta2 < 1, "config key 'optimizer.beta2' must be in [0, 1), got {}", o.beta2);
-  MT_USER_CHECK(std::isfinite(o.epsilon) && o.epsilon > 0, "config key 'optimizer.epsilon' must be > 0, got {}",
-                o.epsilon);
-  MT_USER_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
-                "config key 'optimizer.weight_decay' must be >= 0, got {}", o.weight_decay);
-  return o;
-}
 
 AdamW::AdamW(AdamWOptions options, std::vector<at::Tensor> params) : options_(options), params_(std::move(params)) {
   int64_t largest = 0;

@@ -8,7 +8,7 @@
 // are exposed so the trainer can save and restore them beside a checkpoint.
 #pragma once
 
-#include "meshtrain/config/config.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include <torch/torch.h>
 
@@ -17,17 +17,8 @@
 
 namespace meshtrain::train {
 
-struct AdamWOptions {
-  double learning_rate = 1e-3;  // the peak rate; the schedule scales it
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double epsilon = 1e-8;
-  double weight_decay = 0.01;
-
-  // Reads optimizer.{type, learning_rate, beta1, beta2, epsilon, weight_decay}; UserError naming the key for a value
-  // out of range (type other than adamw, learning_rate < 0, beta outside [0, 1), epsilon <= 0, weight_decay < 0).
-  static AdamWOptions from_config(const config::Config& config);
-};
+// optimizer.{learning_rate, beta1, beta2, epsilon, weight_decay}, checked by settings::Settings::from_config.
+using AdamWOptions = settings::OptimizerSettings;
 
 class AdamW {
  public:

@@ -23,21 +23,9 @@ LrSchedule::LrSchedule(Decay decay, double learning_rate, int64_t warmup_steps, 
                 min_lr_ratio);
 }
 
-LrSchedule LrSchedule::from_config(const config::Config& config) {
-  const std::string type = config.get_string("lr_scheduler.type");
-  Decay decay;
-  if (type == "cosine")
-    decay = Decay::cosine;
-  else if (type == "linear")
-    decay = Decay::linear;
-  else if (type == "constant")
-    decay = Decay::constant;
-  else
-    throw UserError(
-        fmt::format("config key 'lr_scheduler.type' must be one of: cosine, linear, constant; got '{}'", type));
-  return LrSchedule(decay, config.get_float("optimizer.learning_rate"), config.get_int("lr_scheduler.warmup_steps"),
-                    config.get_int("max_steps"), config.get_float("lr_scheduler.min_lr_ratio"));
-}
+LrSchedule::LrSchedule(const settings::Settings& settings)
+    : LrSchedule(settings.lr_scheduler.decay, settings.optimizer.learning_rate, settings.lr_scheduler.warmup_steps,
+                 settings.max_steps, settings.lr_scheduler.min_lr_ratio) {}
 
 double LrSchedule::at(int64_t step) const {
   if (step < warmup_steps_) return learning_rate_ * static_cast<double>(std::max<int64_t>(step, 0)) / warmup_steps_;

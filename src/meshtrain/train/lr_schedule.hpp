@@ -6,7 +6,7 @@
 // learning_rate; past max_steps the rate stays there. A pure function of the step, so resuming needs no state.
 #pragma once
 
-#include "meshtrain/config/config.hpp"
+#include "meshtrain/settings/settings.hpp"
 
 #include <cstdint>
 #include <string>
@@ -15,12 +15,12 @@ namespace meshtrain::train {
 
 class LrSchedule {
  public:
-  enum class Decay { cosine, linear, constant };
+  using Decay = settings::LrDecay;
 
+  // UserError naming the key for warmup_steps < 0, min_lr_ratio outside [0, 1], learning_rate < 0, max_steps < 1.
   LrSchedule(Decay decay, double learning_rate, int64_t warmup_steps, int64_t max_steps, double min_lr_ratio);
-  // Reads lr_scheduler.{type, warmup_steps, min_lr_ratio}, optimizer.learning_rate and max_steps; UserError naming
-  // the key for an unknown type, warmup_steps < 0, min_lr_ratio outside [0, 1], learning_rate < 0, max_steps < 1.
-  static LrSchedule from_config(const config::Config& config);
+  // lr_scheduler.*, optimizer.learning_rate and max_steps.
+  explicit LrSchedule(const settings::Settings& settings);
 
   // The learning rate of optimizer step `step` (1-based; at(0) = 0 when there is a warmup).
   double at(int64_t step) const;

@@ -3,7 +3,7 @@
 #include "meshtrain/train/memory_plan.hpp"
 
 #include "meshtrain/common/error.hpp"
-#include "meshtrain/data/read_plan.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
@@ -17,14 +17,15 @@
 namespace meshtrain::train {
 namespace {
 
-int64_t bytes_of(at::ScalarType dtype) { return dtype == at::kFloat ? 4 : 2; }
+int64_t bytes_of(settings::ComputeDtype dtype) { return dtype == settings::ComputeDtype::float32 ? 4 : 2; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-MemoryLayout memory_layout(const config::Config& config, const TrainSettings& settings, const mesh::Mesh& mesh) {
-  const int64_t batch_row_shards = mesh.size_along(data::input_sharding(config, mesh).dims.at(0));
+MemoryLayout memory_layout(const settings::Settings& settings, const mesh::Mesh& mesh,
+                           const sharding::PartitionSpec& input_spec) {
+  const int64_t batch_row_shards = mesh.size_along(input_spec.dims.at(0));
   MemoryLayout layout;
   layout.fsdp = mesh.size(mesh::Axis::fsdp);
   layout.tensor = mesh.size(mesh::Axis::tensor);
@@ -36,7 +37,7 @@ MemoryLayout memory_layout(const config::Config& config, const TrainSettings& se
   return layout;
 }
 
-MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout) {
+MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& layout) {
   const config::LlamaConfig& m = settings.model;
   const int64_t D = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, tp = layout.tensor;
   const int64_t q_out = m.num_attention_heads * m.head_dim, kv_out = m.num_key_value_heads * m.head_dim;
@@ -50,7 +51,7 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   const int64_t layer = (2 * D * q_out + 2 * D * kv_out + local_experts * 3 * D * F) / tp + 2 * D + router;
   const int64_t embedding_shard = ceil_div(V * D, layout.fsdp), layer_shard = ceil_div(layer, layout.fsdp);
   const int64_t norm_shard = ceil_div(D, layout.fsdp), lm_head_shard = ceil_div(lm_head, layout.fsdp);
-  const int64_t c = bytes_of(settings.compute_dtype), g = bytes_of(settings.parallel.gather_dtype);
+  const int64_t c = bytes_of(settings.compute_dtype), g = c;  // FSDP gathers carry the compute dtype
 
   MemoryPlan plan;
   plan.layout = layout;
@@ -59,7 +60,7 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
   d.gradients = d.parameters;
   // The moments (the update's scratch is a chunk: AdamW::kChunkElements).
   d.optimizer = 2 * d.parameters;
-  const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.micro_batches) * T;
+  const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.gradient_accumulation_steps) * T;
   if (layout.fsdp > 1) {
     // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward
     // (a bf16 gather also lands in a bf16 buffer first); one layer running, the next one prefetched and one layer's
@@ -73,7 +74,8 @@ MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout
     // Kept from forward to backward (no resharding): every layer, and an untied embedding.
     const int64_t staging = g == 4 ? 0 : g;
     const int64_t piece = std::min(parallel::FsdpUnit::kReducePieceElements, head_weight);
-    const bool by_logit_gradients = model::logit_gradients_fit_in_weight_gradient(tokens, D, settings.compute_dtype);
+    const bool by_logit_gradients =
+        model::logit_gradients_fit_in_weight_gradient(tokens, D, model::torch_dtype(settings.compute_dtype));
     const int64_t head_weight_gathered =
         by_logit_gradients && V % layout.fsdp == 0 ? 2 * (4 + staging) * piece : (4 + staging) * head_weight;
     const int64_t head_gradient = by_logit_gradients ? tokens * V * c : 4 * head_weight;
@@ -131,22 +133,22 @@ std::string MemoryPlan::describe() const {
       layout.devices_per_host, gigabytes(kProcessBytes), gigabytes(host_total()));
 }
 
-void check_memory_fits(const TrainSettings& settings, const MemoryPlan& plan, const MemoryAvailable& available) {
+void check_memory_fits(const settings::Settings& settings, const MemoryPlan& plan, const MemoryAvailable& available) {
   if (plan.host_total() <= available.bytes) return;
   struct Option {
     std::string change;
     MemoryPlan plan;
   };
   std::vector<Option> options;
-  TrainSettings full = settings;
+  settings::Settings full = settings;
   full.parallel.checkpoint_every = 1;
   if (settings.parallel.checkpoint_every != 1)
     options.push_back({"activation_checkpointing=full", plan_memory(full, plan.layout)});
   // Fewer rows per micro-batch (the same global batch): the smallest gradient accumulation that fits.
-  for (int64_t k = settings.micro_batches * 2; k <= plan.layout.rows_per_device; k *= 2) {
+  for (int64_t k = settings.gradient_accumulation_steps * 2; k <= plan.layout.rows_per_device; k *= 2) {
     if (plan.layout.rows_per_device % k != 0) continue;
-    TrainSettings accumulated = settings;
-    accumulated.micro_batches = k;
+    settings::Settings accumulated = settings;
+    accumulated.gradient_accumulation_steps = k;
     options.push_back({fmt::format("gradient_accumulation_steps={}", k), plan_memory(accumulated, plan.layout)});
     if (options.back().plan.host_total() <= available.bytes) break;
   }

@@ -5,7 +5,9 @@
 #pragma once
 
 #include "meshtrain/common/host_memory.hpp"
-#include "meshtrain/train/train_settings.hpp"
+#include "meshtrain/mesh/mesh.hpp"
+#include "meshtrain/settings/settings.hpp"
+#include "meshtrain/sharding/spec.hpp"
 
 #include <cstdint>
 #include <string>
@@ -40,14 +42,15 @@ struct MemoryPlan {
   std::string describe() const;
 };
 
-// The layout of `settings` on `mesh`; rows per device from how `config`'s data.input_sharding splits the batch rows.
-MemoryLayout memory_layout(const config::Config& config, const TrainSettings& settings, const mesh::Mesh& mesh);
+// The layout of `settings` on `mesh`; rows per device from how the input batch's spec (the read plan's) splits rows.
+MemoryLayout memory_layout(const settings::Settings& settings, const mesh::Mesh& mesh,
+                           const sharding::PartitionSpec& input_spec);
 
-MemoryPlan plan_memory(const TrainSettings& settings, const MemoryLayout& layout);
+MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& layout);
 
 // UserError when the plan's host total exceeds `available`: the estimate and the available memory in GB, and the
 // changes that would fit (activation checkpointing, gradient accumulation, more fsdp over more hosts), each with its
 // estimate. Returns normally when the plan fits.
-void check_memory_fits(const TrainSettings& settings, const MemoryPlan& plan, const MemoryAvailable& available);
+void check_memory_fits(const settings::Settings& settings, const MemoryPlan& plan, const MemoryAvailable& available);
 
 }  // namespace meshtrain::train

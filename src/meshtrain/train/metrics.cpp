@@ -64,23 +64,22 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-MetricsLogger::MetricsLogger(const config::Config& config, bool is_writer, double peak_flops_per_device,
+MetricsLogger::MetricsLogger(const settings::Settings& settings, bool is_writer, double peak_flops_per_device,
                              int64_t first_step)
     : is_writer_(is_writer),
       progress_bar_(is_writer && ::isatty(STDERR_FILENO) == 1),
       peak_flops_(peak_flops_per_device),
-      logging_steps_(config.get_int("logging_steps")),
-      max_steps_(config.get_int("max_steps")),
+      logging_steps_(settings.metrics.logging_steps),
+      max_steps_(settings.max_steps),
       first_step_(first_step),
-      path_(fs::path(config.get_string("output_dir")) / kMetricsFile) {
-  MT_USER_CHECK(logging_steps_ >= 1, "config key 'logging_steps' must be >= 1, got {}", logging_steps_);
+      path_(settings.output_dir / kMetricsFile) {
   MT_CHECK(first_step >= 1, "MetricsLogger: first_step must be >= 1, got {}", first_step);
   if (!is_writer_) return;
   fs::create_directories(path_.parent_path());
   drop_lines_from_step(path_, first_step_);
   file_.open(path_, std::ios::app);
   MT_USER_CHECK(file_, "cannot open {} for appending", path_.string());
-  if (config.get_bool("metrics.tensorboard")) {
+  if (settings.metrics.tensorboard) {
     events_.emplace(path_.parent_path() / "tensorboard");
     log::info("TensorBoard: {} (tensorboard --logdir {})", events_->path().string(), path_.parent_path().string());
   }
@@ -233,12 +232,8 @@ void MetricsLogger::clear_progress() {
   progress_shown_ = false;
 }
 
-double peak_flops_per_device(const config::Config& config, torch::Dtype compute_dtype, int threads) {
-  if (config.has("metrics.peak_gflops")) {
-    const double gflops = config.get_float("metrics.peak_gflops");
-    MT_USER_CHECK(gflops >= 0, "config key 'metrics.peak_gflops' must be >= 0 (0: measure), got {}", gflops);
-    if (gflops > 0) return gflops * 1e9;
-  }
+double peak_flops_per_device(double peak_gflops, torch::Dtype compute_dtype, int threads) {
+  if (peak_gflops > 0) return peak_gflops * 1e9;
   MT_CHECK(threads >= 1, "peak_flops_per_device: threads must be >= 1, got {}", threads);
   // The GEMMs that run: fp32 ones for bf16 compute on the fp32_gemm path (model/compute_matmul.hpp).
   const torch::Dtype gemm_dtype = model::gemm_dtype(compute_dtype);

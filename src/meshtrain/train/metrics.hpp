@@ -8,7 +8,7 @@
 // (an atomic rewrite); each line is flushed as written. A non-finite loss is a UserError naming the step.
 #pragma once
 
-#include "meshtrain/config/config.hpp"
+#include "meshtrain/settings/settings.hpp"
 #include "meshtrain/tensorboard/event_writer.hpp"
 
 #include <nlohmann/json.hpp>
@@ -59,8 +59,9 @@ class MetricsLogger {
  public:
   // One per host. `is_writer` (host 0) writes metrics.jsonl and draws the progress bar; every host logs the lines.
   // `peak_flops_per_device` in FLOP/s, 0 when unknown. `first_step`: the step this run starts at (see above).
-  // Reads logging_steps (>= 1), max_steps and output_dir.
-  MetricsLogger(const config::Config& config, bool is_writer, double peak_flops_per_device, int64_t first_step = 1);
+  // Uses logging_steps, max_steps, output_dir and metrics.tensorboard.
+  MetricsLogger(const settings::Settings& settings, bool is_writer, double peak_flops_per_device,
+                int64_t first_step = 1);
   ~MetricsLogger();  // ends the progress bar's line
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
@@ -96,10 +97,10 @@ class MetricsLogger {
   bool progress_shown_ = false;
 };
 
-// The peak matmul FLOP/s of one device for MFU: metrics.peak_gflops * 1e9 when that key is set and > 0, else a
+// The peak matmul FLOP/s of one device for MFU: peak_gflops (metrics.peak_gflops) * 1e9 when > 0, else a
 // short measurement (< 1 s) of 1024^3 products on the calling thread with `threads` torch threads (logged, with the
 // key to set instead), in the dtype the GEMMs of `compute_dtype` run in (fp32 for bf16 compute on the fp32_gemm path,
 // model/compute_matmul.hpp). CPU only: the measurement runs CPU kernels.
-double peak_flops_per_device(const config::Config& config, torch::Dtype compute_dtype, int threads);
+double peak_flops_per_device(double peak_gflops, torch::Dtype compute_dtype, int threads);
 
 }  // namespace meshtrain::train

@@ -8,6 +8,7 @@
 #include "meshtrain/common/heap.hpp"
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/log.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/parameter_init.hpp"
@@ -33,7 +34,7 @@ namespace meshtrain::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Fault = FaultInjection::Kind;
+using Fault = settings::FaultInjection::Kind;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -65,18 +66,14 @@ void log_memory_used(int host, const MemoryPlan& plan) {
 
 }  // namespace
 
-Trainer::Trainer(const config::Config& config, const mesh::Mesh& mesh, int host, int threads_per_device)
-    : config_(config),
-      mesh_(mesh),
-      host_(host),
-      threads_per_device_(threads_per_device),
-      settings_(TrainSettings::from_config(config)) {
-  if (settings_.resume) {
-    resume_dir_ = checkpoint::newest_complete_checkpoint(settings_.checkpoints);
+Trainer::Trainer(const settings::Settings& settings, const mesh::Mesh& mesh, int host, int threads_per_device)
+    : settings_(settings), mesh_(mesh), host_(host), threads_per_device_(threads_per_device), schedule_(settings) {
+  if (settings_.checkpoint.resume) {
+    resume_dir_ = checkpoint::newest_complete_checkpoint(settings_.checkpoints_dir());
     if (resume_dir_) {
       checkpoint::verify_checkpoint_files(*resume_dir_);
       resume_state_ = checkpoint::read_training_state(*resume_dir_);
-      const std::vector<std::string> changes = checkpoint::config_changes(*resume_state_, settings_.trajectory);
+      const std::vector<std::string> changes = checkpoint::config_changes(*resume_state_, settings_.trajectory());
       MT_USER_CHECK(changes.empty(),
                     "{} was trained with another configuration ({}); resuming would not continue that run. Use "
                     "another output_dir, or checkpoint.resume=false to start over",
@@ -84,17 +81,18 @@ Trainer::Trainer(const config::Config& config, const mesh::Mesh& mesh, int host,
       start_step_ = resume_state_->step;
     }
   }
-  pipeline_ = std::make_unique<data::DataPipeline>(config, mesh, host,
+  pipeline_ = std::make_unique<data::DataPipeline>(settings_, mesh, host,
                                                    resume_state_ ? &resume_state_->data_state : nullptr);
-  MT_USER_CHECK(pipeline_->rows_per_device() % settings_.micro_batches == 0,
+  MT_USER_CHECK(pipeline_->rows_per_device() % settings_.gradient_accumulation_steps == 0,
                 "gradient_accumulation_steps={} does not divide the {} rows each device holds (global_batch_size {} "
-                "over the mesh)", settings_.micro_batches, pipeline_->rows_per_device(), settings_.global_batch_size);
-  if (settings_.eval_every_steps > 0) {
-    eval_pipeline_ = std::make_unique<data::DataPipeline>(config, mesh, host, nullptr,
+                "over the mesh)", settings_.gradient_accumulation_steps, pipeline_->rows_per_device(),
+                settings_.global_batch_size);
+  if (settings_.eval.enabled()) {
+    eval_pipeline_ = std::make_unique<data::DataPipeline>(settings_, mesh, host, nullptr,
                                                           data::DataPipeline::Purpose::evaluation);
     MT_USER_CHECK(eval_pipeline_->tokenizer_fingerprint() == pipeline_->tokenizer_fingerprint(),
                   "eval.dataset={} was tokenized with {}, the training data with {}: its eval loss would not compare; "
-                  "prepare it with the training data's tokenizer", config.get_string("eval.dataset"),
+                  "prepare it with the training data's tokenizer", settings_.eval.dataset,
                   eval_pipeline_->tokenizer_fingerprint(), pipeline_->tokenizer_fingerprint());
   }
   const config::LlamaConfig& model_config = settings_.model;
@@ -103,18 +101,15 @@ Trainer::Trainer(const config::Config& config, const mesh::Mesh& mesh, int host,
                 "a model and dataset that fit (model=llama-tiny with dataset=moby-dick-byte), or widen the model "
                 "(model.vocab_size=50304 for dataset=moby-dick-gpt2)", model_config.vocab_size,
                 pipeline_->vocab_size(), pipeline_->tokenizer_fingerprint());
-  const double cache_slack = config.get_float("memory.cache_slack");
-  MT_USER_CHECK(cache_slack >= 0, "memory.cache_slack={}: expected a fraction of the peak of live tensor bytes, >= 0 "
-                "(0.5 by default; less trades step time for a lower peak: configs/defaults.yaml)", cache_slack);
-  runtime::set_block_cache_slack(cache_slack);
-  memory_plan_ = plan_memory(settings_, memory_layout(config, settings_, mesh));
+  runtime::set_block_cache_slack(settings_.memory.cache_slack);
+  memory_plan_ = plan_memory(settings_, memory_layout(settings_, mesh, pipeline_->spec()));
   log::info("Memory plan: {}", memory_plan_.describe());
-  if (config.get_bool("memory.check")) check_memory_fits(settings_, memory_plan_, available_memory());
+  if (settings_.memory.check) check_memory_fits(settings_, memory_plan_, available_memory());
 }
 
 runtime::JobFacts Trainer::job_facts() const {
   runtime::JobFacts facts;
-  facts.config = runtime::shared_config(config_.leaf_values());
+  facts.config = settings_.host_shared();
   facts.build = build_id();
   facts.dataset = pipeline_->fingerprint();
   const data::DataCursor cursor = pipeline_->start_cursor();
@@ -136,10 +131,12 @@ bool Trainer::start() {
               pipeline_->start_cursor().epoch, pipeline_->start_cursor().step);
 
   metrics_ = std::make_unique<MetricsLogger>(
-      config_, host_ == 0, peak_flops_per_device(config_, settings_.compute_dtype, threads_per_device_),
+      settings_, host_ == 0,
+      peak_flops_per_device(settings_.metrics.peak_gflops, model::torch_dtype(settings_.compute_dtype),
+                            threads_per_device_),
       first_step());
   const config::LlamaConfig& model_config = settings_.model;
-  const int64_t global_tokens = settings_.global_batch_size * settings_.block_size;
+  const int64_t global_tokens = settings_.tokens_per_step();
   log::info("Training a {} of {} layers x {} hidden ({} parameters{}), steps {}..{}: global batch {} x {} = {} tokens "
             "per step, {} micro-batch{} per step, {} on {} devices", model_config.is_moe() ? "Mixtral" : "Llama",
             model_config.num_hidden_layers, model_config.hidden_size, model_config.parameter_count(),
@@ -148,16 +145,16 @@ bool Trainer::start() {
                                                 model_config.num_experts_per_tok)
                                   : "",
             first_step(), settings_.max_steps, settings_.global_batch_size, settings_.block_size, global_tokens,
-            settings_.micro_batches, settings_.micro_batches == 1 ? "" : "es",
-            settings_.compute_dtype == torch::kBFloat16 ? "bf16 matmuls" : "fp32", mesh_.num_devices());
+            settings_.gradient_accumulation_steps, settings_.gradient_accumulation_steps == 1 ? "" : "es",
+            settings_.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16 matmuls" : "fp32", mesh_.num_devices());
 
   // Where the parameters' values come from; each device asks for its own pieces only (sharded initialization).
   // The resume point's files were verified when it was found.
   if (resume_dir_)
     checkpoint_weights_.emplace(model::CheckpointTensors::weights(*resume_dir_, model_config, checkpoint::Verify::no));
-  else if (!settings_.init_from.empty())
+  else if (!settings_.checkpoint.init_from.empty())
     checkpoint_weights_.emplace(
-        model::CheckpointTensors::weights(settings_.init_from, model_config, checkpoint::Verify::against_marker));
+        model::CheckpointTensors::weights(settings_.checkpoint.init_from, model_config, checkpoint::Verify::against_marker));
   initial_values_ = checkpoint_weights_ ? checkpoint_weights_->source()
                                         : model::initial_value_source(model_config, settings_.seed);
   return true;
@@ -166,14 +163,14 @@ bool Trainer::start() {
 void Trainer::finish() {
   if (const int64_t step = preempted_at_step(); step > 0)
     log::info("Host {}: preempted at step {}; saved {}", host_, step,
-              checkpoint::checkpoint_dir_for_step(settings_.checkpoints, step).string());
+              checkpoint::checkpoint_dir_for_step(settings_.checkpoints_dir(), step).string());
   else
     log::info("Training finished on host {} at step {}", host_, settings_.max_steps);
   log_memory_used(host_, memory_plan_);
   if (host_ == 0) {
     log::info("Plot of the run: {} (`meshtrain plot {}` redraws it)",
               plots::plot_metrics(settings_.output_dir).string(), settings_.output_dir.string());
-    if (config_.get_bool("metrics.tensorboard"))
+    if (settings_.metrics.tensorboard)
       log::info("TensorBoard: tensorboard --logdir {}", settings_.output_dir.string());
   }
 }
@@ -185,15 +182,15 @@ DeviceTrainer::DeviceTrainer(Trainer& run, runtime::DeviceContext& ctx)
     // Built without parameter storage: ParallelModel gives each parameter only this device's pieces.
     const model::ParametersWithoutStorage without_storage;
     auto model = std::make_shared<model::LlamaForCausalLM>(settings_.model);
-    model->set_compute_dtype(settings_.compute_dtype);
-    model_.emplace(model, ctx, settings_.parallel, run.initial_values_);
+    model->set_compute_dtype(model::torch_dtype(settings_.compute_dtype));
+    model_.emplace(model, ctx, parallel::ParallelOptions::from(settings_), run.initial_values_);
   }
-  optimizer_.emplace(settings_.adamw, model_->parameter_shards());
+  optimizer_.emplace(settings_.optimizer, model_->parameter_shards());
   if (run.resume_dir_) load_optimizer_state(*run.resume_dir_, *model_, *optimizer_);
   if (ctx.device() == 0) log::info("Memory: {}", model_->memory_summary());
   // A step's objective averages the load-balancing loss over its micro-batches.
   if (model::RouterStats* router_stats = model_->model().router_stats().get())
-    router_stats->set_objective_weight(1.0 / static_cast<double>(settings_.micro_batches));
+    router_stats->set_objective_weight(1.0 / static_cast<double>(settings_.gradient_accumulation_steps));
   ctx.report_progress(run.start_step_);
 }
 
@@ -202,14 +199,14 @@ void DeviceTrainer::train() {
     const StepMetrics metrics = train_step(step);
     if (reporter_) run_.metrics_->log(metrics);
     ctx_.report_progress(step);
-    if (run_.eval_pipeline_ && (step % settings_.eval_every_steps == 0 || step == settings_.max_steps)) {
+    if (run_.eval_pipeline_ && (step % settings_.eval.every_steps == 0 || step == settings_.max_steps)) {
       const EvalMetrics eval = evaluate(step);
       if (reporter_) run_.metrics_->log_eval(eval);
       ctx_.report_progress(step);
     }
     // A stop signal on any host (runtime/preemption.hpp): every device saves this step and stops after it.
     const bool preempted = runtime::agree_on_preemption(ctx_.world());
-    if ((settings_.save_steps > 0 && step % settings_.save_steps == 0) || step == settings_.max_steps || preempted) {
+    if ((settings_.checkpoint.save_steps > 0 && step % settings_.checkpoint.save_steps == 0) || step == settings_.max_steps || preempted) {
       save(step, run_.pipeline_->cursor_after(last_cursor_));
       ctx_.report_progress(step);
     }
@@ -225,17 +222,17 @@ void DeviceTrainer::train() {
 }
 
 StepMetrics DeviceTrainer::train_step(int64_t step) {
-  if (settings_.fault.fires(Fault::throw_error, step, ctx_.device()))
+  if (settings_.debug.fault.fires(Fault::throw_error, step, ctx_.device()))
     throw Error(fmt::format("fault injected at step {} (debug.fault=throw)", step));
-  if (settings_.fault.fires(Fault::hang, step, ctx_.device())) hang_forever();
-  if (settings_.fault.fires(Fault::kill, step, ctx_.device())) ::kill(::getpid(), SIGKILL);
+  if (settings_.debug.fault.fires(Fault::hang, step, ctx_.device())) hang_forever();
+  if (settings_.debug.fault.fires(Fault::kill, step, ctx_.device())) ::kill(::getpid(), SIGKILL);
   const Clock::time_point step_start = Clock::now();
   const runtime::CollectiveCounters& counters = ctx_.counters();
   const double comm_before = counters.total_seconds();
   const double alltoall_before = counters.seconds(runtime::Collective::all_to_all);
   const std::map<std::string, int64_t> bytes_before = collective_bytes(counters);
-  const int64_t global_tokens = settings_.global_batch_size * settings_.block_size;
-  const int64_t micro_batches = settings_.micro_batches;
+  const int64_t global_tokens = settings_.tokens_per_step();
+  const int64_t micro_batches = settings_.gradient_accumulation_steps;
 
   const data::DeviceBatch batch = run_.pipeline_->next(ctx_);
   last_cursor_ = batch.cursor;
@@ -267,7 +264,7 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   const double grad_norm = model_->gradient_norm();
   std::vector<at::Tensor> grads = model_->gradient_shards();
   scale_(grads, clip_coefficient(grad_norm, settings_.max_grad_norm));
-  const double lr = settings_.schedule.at(step);
+  const double lr = run_.schedule_.at(step);
   optimizer_->step(grads, lr);
   model_->zero_gradients();
   if (reporter_) release_freed_heap_memory();
@@ -310,7 +307,7 @@ EvalMetrics DeviceTrainer::evaluate(int64_t step) {
   model_->batch_comm().allreduce_sum(loss);
   EvalMetrics metrics;
   metrics.step = step;
-  metrics.tokens = eval_pipeline.batches_per_epoch() * settings_.global_batch_size * settings_.block_size;
+  metrics.tokens = eval_pipeline.batches_per_epoch() * settings_.tokens_per_step();
   metrics.loss = loss.item<double>() / static_cast<double>(eval_pipeline.row_replicas()) /
                  static_cast<double>(metrics.tokens);
   metrics.seconds = seconds_since(start);
@@ -319,19 +316,19 @@ EvalMetrics DeviceTrainer::evaluate(int64_t step) {
 
 void DeviceTrainer::save(int64_t step, const data::DataCursor& next) {
   const checkpoint::TrainingState state =
-      checkpoint::TrainingState::at_step(settings_.trajectory, settings_.seed, step,
-                                         step * settings_.global_batch_size * settings_.block_size,
+      checkpoint::TrainingState::at_step(settings_.trajectory(), settings_.seed, step,
+                                         step * settings_.tokens_per_step(),
                                          run_.pipeline_->state(next));
-  const bool die_in_save = settings_.fault.fires(Fault::kill_in_save, step, ctx_.device());
-  save_mesh_checkpoint(checkpoint::checkpoint_dir_for_step(settings_.checkpoints, step), ctx_, *model_, *optimizer_,
+  const bool die_in_save = settings_.debug.fault.fires(Fault::kill_in_save, step, ctx_.device());
+  save_mesh_checkpoint(checkpoint::checkpoint_dir_for_step(settings_.checkpoints_dir(), step), ctx_, *model_, *optimizer_,
                        state, [&] {
                          if (die_in_save) ::kill(::getpid(), SIGKILL);
                        });
-  if (ctx_.device() == 0) checkpoint::remove_old_checkpoints(settings_.checkpoints, settings_.keep);
+  if (ctx_.device() == 0) checkpoint::remove_old_checkpoints(settings_.checkpoints_dir(), settings_.checkpoint.keep);
 }
 
-void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, runtime::HostRuntime& runtime) {
-  Trainer trainer(config, mesh, host, runtime.threads_per_device());
+void train_host(const settings::Settings& settings, const mesh::Mesh& mesh, int host, runtime::HostRuntime& runtime) {
+  Trainer trainer(settings, mesh, host, runtime.threads_per_device());
   runtime.agree_on_job(trainer.job_facts());
   if (!trainer.start()) return;
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) { DeviceTrainer(trainer, ctx).train(); });

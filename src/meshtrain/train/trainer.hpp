@@ -14,16 +14,16 @@
 #pragma once
 
 #include "meshtrain/checkpoint/training_state.hpp"
-#include "meshtrain/config/config.hpp"
 #include "meshtrain/data/pipeline.hpp"
 #include "meshtrain/mesh/mesh.hpp"
 #include "meshtrain/model/hf_checkpoint.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/runtime/host_runtime.hpp"
+#include "meshtrain/settings/settings.hpp"
 #include "meshtrain/train/adamw.hpp"
 #include "meshtrain/train/memory_plan.hpp"
 #include "meshtrain/train/metrics.hpp"
-#include "meshtrain/train/train_settings.hpp"
+#include "meshtrain/train/lr_schedule.hpp"
 
 #include <filesystem>
 #include <memory>
@@ -31,7 +31,7 @@
 
 namespace meshtrain::train {
 
-// One host's run. The constructor resolves the settings, finds the resume point (the newest complete checkpoint,
+// One host's run. The constructor finds the resume point (the newest complete checkpoint,
 // verified), opens the data pipelines, checks the model against the data and the memory plan against the host, all
 // on the host's main thread; UserError naming the key or file on bad input. `start()` (after the hosts agreed on
 // job_facts()) opens the metrics and the source of the initial weights. Its DeviceTrainers share it: everything
@@ -39,7 +39,8 @@ namespace meshtrain::train {
 // metrics logger is used by each host's reporting device only.
 class Trainer {
  public:
-  Trainer(const config::Config& config, const mesh::Mesh& mesh, int host, int threads_per_device);
+  // `mesh` must outlive the Trainer.
+  Trainer(const settings::Settings& settings, const mesh::Mesh& mesh, int host, int threads_per_device);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -50,7 +51,7 @@ class Trainer {
   // The host's closing lines: where training stopped, the memory used against the plan, the plot and TensorBoard.
   void finish();
 
-  const TrainSettings& settings() const { return settings_; }
+  const settings::Settings& settings() const { return settings_; }
   const mesh::Mesh& mesh() const { return mesh_; }
   int host() const { return host_; }
   // The first step this run trains: the resume point's step + 1, or 1.
@@ -61,11 +62,11 @@ class Trainer {
  private:
   friend class DeviceTrainer;
 
-  const config::Config& config_;
+  const settings::Settings settings_;
   const mesh::Mesh& mesh_;
   int host_;
   int threads_per_device_;
-  TrainSettings settings_;
+  LrSchedule schedule_;
   std::optional<std::filesystem::path> resume_dir_;  // the checkpoint resumed from
   std::optional<checkpoint::TrainingState> resume_state_;
   int64_t start_step_ = 0;
@@ -101,7 +102,7 @@ class DeviceTrainer {
 
  private:
   Trainer& run_;
-  const TrainSettings& settings_;
+  const settings::Settings& settings_;
   runtime::DeviceContext& ctx_;
   bool reporter_;  // this host's first device: logs metrics, releases the freed heap
   std::optional<parallel::ParallelModel> model_;
@@ -109,9 +110,9 @@ class DeviceTrainer {
   data::DataCursor last_cursor_;  // of the last batch trained on
 };
 
-// Trains as the config says on this host's devices; returns when max_steps is reached or after a stop signal.
+// Trains as the settings say on this host's devices; returns when max_steps is reached or after a stop signal.
 // Resumes from the newest complete checkpoint under <output_dir>/checkpoints when checkpoint.resume is true (on any
 // mesh).
-void train_host(const config::Config& config, const mesh::Mesh& mesh, int host, runtime::HostRuntime& runtime);
+void train_host(const settings::Settings& settings, const mesh::Mesh& mesh, int host, runtime::HostRuntime& runtime);
 
 }  // namespace meshtrain::train
