@@ -1,9 +1,11 @@
 // dataset_test.cpp — TokenDataset checks every id it hands on against the vocabulary: a shard whose index understates
 // its largest id (its checksums intact, so nothing else notices when checksums are computed on first read) fails at
-// the sample that holds the id, naming the shard, the sample and the id.
+// the sample that holds the id, naming the shard, the sample and the id. And each sample's document numbers, across
+// document and shard boundaries.
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/token_shards/shard_writer.hpp"
+#include "data/data_test_support.hpp"
 
 #include "scratch_dir.hpp"
 
@@ -58,6 +60,28 @@ TEST(TokenDatasetTest, AnIdBeyondTheVocabularyIsCaughtWhereItIsHandedOn) {
     }
     // With checksums computed at open, the largest id is recomputed there and the index's is refused.
     EXPECT_THROW(TokenDataset(dir, 8, token_shards::PayloadCheck::at_open), UserError);
+  }
+}
+
+TEST(TokenDatasetTest, DocumentNumbersCountTheDocumentStartsInASample) {
+  testing::ScratchDir scratch("dataset_documents");
+  // Shards of 100, 50 and 90 tokens in documents of 37 (each shard's last one shorter): documents start at stream
+  // positions 0, 37, 74 | 100, 137 | 150, 187, 224.
+  testing::write_counting_shards(scratch.path(), {100, 50, 90});
+  const std::vector<int64_t> starts = {0, 37, 74, 100, 137, 150, 187, 224};
+  auto document_at = [&](int64_t position) {
+    return static_cast<int32_t>(std::upper_bound(starts.begin(), starts.end(), position) - starts.begin() - 1);
+  };
+  for (int64_t block_size : {8, 40, 120}) {
+    const TokenDataset dataset(scratch.path(), block_size);
+    std::vector<int32_t> documents(block_size);
+    for (int64_t id = 0; id < dataset.num_samples(); ++id) {
+      dataset.read_sample_documents(id, documents.data());
+      const int64_t first = id * block_size;
+      for (int64_t t = 0; t < block_size; ++t)
+        ASSERT_EQ(documents[t], document_at(first + t) - document_at(first))
+            << "block_size " << block_size << " sample " << id << " token " << t;
+    }
   }
 }
 

@@ -133,6 +133,57 @@ TEST(LlamaModelTest, CausalAndBatchRowsIndependent) {
   EXPECT_TRUE(torch::allclose(logits.index({1}), model.forward(tokens.narrow(0, 1, 1))[0], 1e-5, 1e-5));
 }
 
+TEST(LlamaModelTest, DocumentsPackedInARowAreEachRunAlone) {
+  LlamaForCausalLM model(small_config(4, 2));
+  initialize_parameters(model, 1);
+  // Row 0 packs documents of 5, 80 and 15 tokens (the second spans two blocks of queries), row 1 is one document.
+  const int64_t T = 100;
+  const torch::Tensor tokens_BT = random_tokens(2, T, 50, 3), targets_BT = random_tokens(2, T, 50, 4);
+  torch::Tensor documents_BT = torch::zeros({2, T}, torch::kInt64);
+  documents_BT[0].narrow(0, 5, 80).fill_(1);
+  documents_BT[0].narrow(0, 85, 15).fill_(2);
+  EXPECT_TRUE(torch::equal(positions_in_documents(documents_BT)[0].narrow(0, 3, 4),
+                           torch::tensor({3, 4, 0, 1}, torch::kInt64)));
+  const std::vector<std::pair<int64_t, int64_t>> row0_documents = {{0, 5}, {5, 80}, {85, 15}};
+  {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor packed_BTD = model.hidden_states(tokens_BT, documents_BT);
+    for (const auto& [begin, length] : row0_documents) {
+      const torch::Tensor alone_1TD = model.hidden_states(tokens_BT[0].narrow(0, begin, length).unsqueeze(0));
+      EXPECT_TRUE(torch::allclose(packed_BTD[0].narrow(0, begin, length), alone_1TD[0], 1e-5, 1e-5)) << begin;
+    }
+    EXPECT_TRUE(torch::allclose(packed_BTD[1], model.hidden_states(tokens_BT.narrow(0, 1, 1))[0], 1e-5, 1e-5));
+    // Without the documents, the later ones see the earlier ones.
+    EXPECT_FALSE(torch::allclose(model.hidden_states(tokens_BT)[0].narrow(0, 5, 80), packed_BTD[0].narrow(0, 5, 80),
+                                 1e-3, 1e-3));
+  }
+  // The loss and every gradient are those of the documents run one by one (each token keeps its target).
+  auto gradients_of = [&](const std::function<torch::Tensor()>& loss_fn, double* loss) {
+    for (torch::Tensor& p : model.parameters()) p.mutable_grad() = torch::Tensor();
+    const torch::Tensor l = loss_fn();
+    l.backward();
+    *loss = l.item<double>();
+    std::vector<torch::Tensor> grads;
+    for (const torch::Tensor& p : model.parameters()) grads.push_back(p.grad().clone());
+    return grads;
+  };
+  double packed_loss = 0, alone_loss = 0;
+  const std::vector<torch::Tensor> packed =
+      gradients_of([&] { return model.loss_sum(tokens_BT, targets_BT, documents_BT); }, &packed_loss);
+  const std::vector<torch::Tensor> alone = gradients_of(
+      [&] {
+        torch::Tensor sum = model.loss_sum(tokens_BT.narrow(0, 1, 1), targets_BT.narrow(0, 1, 1));
+        for (const auto& [begin, length] : row0_documents)
+          sum = sum + model.loss_sum(tokens_BT[0].narrow(0, begin, length).unsqueeze(0),
+                                     targets_BT[0].narrow(0, begin, length).unsqueeze(0));
+        return sum;
+      },
+      &alone_loss);
+  EXPECT_NEAR(packed_loss, alone_loss, 1e-4 * alone_loss);
+  for (size_t i = 0; i < packed.size(); ++i)
+    EXPECT_TRUE(torch::allclose(packed[i], alone[i], 1e-4, 1e-6)) << "parameter " << i;
+}
+
 TEST(LlamaModelTest, KvCachedDecodingGivesTheFullForwardsLogits) {
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");

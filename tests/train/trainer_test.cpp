@@ -118,6 +118,27 @@ TEST_F(TrainerTest, EveryDeviceReportsTheOneDeviceLossAtEachStep) {
   }
 }
 
+TEST_F(TrainerTest, DocumentMaskingKeepsTheOneDeviceLossWithFsdpAndCheckpointing) {
+  // Rows of 32 tokens over documents of 80: most rows hold the end of one and the start of the next.
+  const std::vector<std::string> masked = {"block_size=32", "data.document_mask=true"};
+  const mesh::Mesh one_device = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
+  const std::vector<StepRecord> one = run(one_device, masked);
+  const std::vector<StepRecord> unmasked = run(one_device, {"block_size=32"});
+  EXPECT_NE(one[0].losses, unmasked[0].losses);  // the mask changes what is computed
+
+  std::vector<std::string> checkpointed = masked;
+  checkpointed.push_back("activation_checkpointing=full");
+  const std::vector<StepRecord> mesh4 =
+      run(mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 2, 1, 1), 2, 2), checkpointed);
+  for (size_t device = 0; device < mesh4.size(); ++device) {
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(mesh4[device].losses[k], one[0].losses[k], 1e-4) << "device " << device << " step " << k + 1;
+      EXPECT_NEAR(mesh4[device].grad_norms[k], one[0].grad_norms[k], 1e-3 * one[0].grad_norms[k]);
+    }
+    EXPECT_NEAR(mesh4[device].eval_loss, one[0].eval_loss, 1e-4);
+  }
+}
+
 TEST_F(TrainerTest, AccumulationThatDoesNotDivideTheDeviceRowsStopsAtStartUp) {
   const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 1, 1, 1), 1, 2);
   try {

@@ -81,4 +81,31 @@ void TokenDataset::read_sample(int64_t id, int32_t* out) const {
   }
 }
 
+void TokenDataset::read_sample_documents(int64_t id, int32_t* out) const {
+  MT_CHECK(id >= 0 && id < num_samples_, "sample {} is outside the dataset's {} samples", id, num_samples_);
+  uint64_t begin = static_cast<uint64_t>(id * block_size_), count = static_cast<uint64_t>(block_size_);
+  size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), begin) - shard_starts_.begin() - 1;
+  int32_t document = 0;
+  bool first_piece = true;
+  while (count > 0) {
+    const token_shards::TokenShard& shard = shards_.shards()[s];
+    const uint64_t offset = begin - shard_starts_[s], piece = std::min(count, shard.token_count() - offset);
+    // The shard's document starts (checked non-decreasing from 0 when it was opened); the first one after `offset`.
+    const uint64_t* starts = shard.document_starts();
+    const uint64_t* next = std::upper_bound(starts, starts + shard.document_count() + 1, offset);
+    if (!first_piece && piece > 0) ++document;  // a shard begins with a document
+    for (uint64_t k = 0; k < piece; ++k) {
+      if (offset + k == *next) {
+        ++document;
+        while (*next <= offset + k) ++next;  // empty documents start at the same token
+      }
+      *out++ = document;
+    }
+    first_piece = false;
+    begin += piece;
+    count -= piece;
+    ++s;
+  }
+}
+
 }  // namespace meshtrain::data

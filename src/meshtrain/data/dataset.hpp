@@ -35,6 +35,9 @@ class TokenDataset {
   // naming the shard file, the sample and the id if an id is not below the tokenizer's vocab_size (a shard whose
   // index understates its largest id; the trainer requires the model's vocab_size to cover the tokenizer's).
   void read_sample(int64_t id, int32_t* out) const;
+  // Writes the document number of each of sample `id`'s first block_size tokens (its inputs) to `out`: 0 for the
+  // document of its first token, one more at each document start after it (a shard starts a document).
+  void read_sample_documents(int64_t id, int32_t* out) const;
 
  private:
   token_shards::ShardDirectory shards_;

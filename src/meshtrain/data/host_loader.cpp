@@ -134,6 +134,8 @@ HostLoader::Share HostLoader::claim() {
     } else {
       batch->tokens_RT1 = at::empty({static_cast<int64_t>(rows_.size()), dataset_->block_size() + 1}, at::kInt);
     }
+    if (options_.documents)
+      batch->documents_RT = at::empty({static_cast<int64_t>(rows_.size()), dataset_->block_size()}, at::kInt);
     batch->cursor = next_cursor_;
     next_cursor_ = sampler_.next(next_cursor_);
     slots_[next_to_read_++].batch = std::move(batch);
@@ -151,6 +153,11 @@ double HostLoader::read(const Share& share) const {
   sampler_.samples_at(batch.cursor.epoch, batch.cursor.step, rows_.data() + share.begin,
                       static_cast<size_t>(share.end - share.begin), batch.sample_ids.data() + share.begin);
   for (int64_t r = share.begin; r < share.end; ++r) dataset_->read_sample(batch.sample_ids[r], out + r * width);
+  if (options_.documents) {
+    int32_t* documents = batch.documents_RT.data_ptr<int32_t>();
+    for (int64_t r = share.begin; r < share.end; ++r)
+      dataset_->read_sample_documents(batch.sample_ids[r], documents + r * dataset_->block_size());
+  }
   return seconds_since(start);
 }
 

@@ -31,6 +31,7 @@ struct HostBatch {
   DataCursor cursor;
   std::vector<int64_t> sample_ids;  // per host-local row
   at::Tensor tokens_RT1;            // int32: row r holds sample sample_ids[r]
+  at::Tensor documents_RT;          // int32: the document numbers of its inputs (HostLoaderOptions::documents)
   double read_seconds = 0;          // loader-thread time spent reading it (summed over the threads that shared it)
 };
 
@@ -38,6 +39,7 @@ struct HostLoaderOptions {
   int prefetch_steps = 2;
   int threads = 2;
   int consumers = 1;  // how many threads take every batch (the host's local devices)
+  bool documents = false;  // also read each row's document numbers (TokenDataset::read_sample_documents)
 };
 
 class HostLoader {

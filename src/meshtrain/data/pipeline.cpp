@@ -92,6 +92,7 @@ DataPipeline::DataPipeline(const settings::Settings& settings, const mesh::Mesh&
   options.prefetch_steps = settings.data.prefetch_steps;
   options.threads = settings.data.loader_threads;
   options.consumers = static_cast<int>(plan_.devices.size());
+  options.documents = settings.data.document_mask;
   if (purpose == Purpose::evaluation) {
     MT_CHECK(!saved_state, "an evaluation pipeline starts at its first batch");
     log::info("Eval data {}: samples {}..{} of {} ({}), {} global batches of {} x {} per evaluation, read with the "
@@ -145,13 +146,17 @@ DeviceBatch DataPipeline::next(runtime::DeviceContext& ctx) {
                                                                 offset_in_host_local),
                   sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_, labels_RT, block,
                                                                 offset_in_host_local),
-                  batch.cursor, taken.wait_seconds};
+                  batch.cursor, taken.wait_seconds, std::nullopt};
+  if (batch.documents_RT.defined())
+    out.document_ids = sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_,
+                                                                     batch.documents_RT, block, offset_in_host_local);
   if (instrument) {
     const sharding::ShardBounds bounds = out.input_ids.bounds();
     const std::string placement = out.input_ids.placement_string();  // "device 3 (host 0, fsdp=3) holds [...]"
-    log::info("[device_loader] input_ids {}; {} holds rows {} (labels alike); epoch {} step {}, waited {:.3f} ms, {} "
-              "collectives", out.input_ids.type_string(), placement.substr(0, placement.find(" holds ")),
-              sharding::range_string(bounds.offset[0], bounds.shape[0]), batch.cursor.epoch, batch.cursor.step,
+    log::info("[device_loader] input_ids {}; {} holds rows {} (labels{} alike); epoch {} step {}, waited {:.3f} ms, "
+              "{} collectives", out.input_ids.type_string(), placement.substr(0, placement.find(" holds ")),
+              sharding::range_string(bounds.offset[0], bounds.shape[0]), out.document_ids ? ", document_ids" : "",
+              batch.cursor.epoch, batch.cursor.step,
               taken.wait_seconds * 1e3, ctx.counters().total_calls() - calls_before);
     if (n == 0) sharding::print_sharding(ctx, out.input_ids, "input_ids");
   }
@@ -161,8 +166,9 @@ DeviceBatch DataPipeline::next(runtime::DeviceContext& ctx) {
 void DataPipeline::log_host_stage(const HostBatch& batch) const {
   const std::string type = sharding::type_string(at::kInt, {static_cast<int64_t>(plan_.rows.size()), block_size_},
                                                  sharding::PartitionSpec::replicated(2));
-  log::info("[host_loader] host {}: input_ids {} rows {} (samples {}), labels alike; epoch {} step {}, read in "
-            "{:.3f} ms", host_, type, rows_string(plan_.rows), ids_string(batch.sample_ids), batch.cursor.epoch,
+  log::info("[host_loader] host {}: input_ids {} rows {} (samples {}), labels{} alike; epoch {} step {}, read in "
+            "{:.3f} ms", host_, type, rows_string(plan_.rows), ids_string(batch.sample_ids),
+            batch.documents_RT.defined() ? ", document_ids" : "", batch.cursor.epoch,
             batch.cursor.step, batch.read_seconds * 1e3);
 }
 

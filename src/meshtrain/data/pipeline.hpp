@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ struct DeviceBatch {
   sharding::GlobalTensor labels;     // int32, same shape/spec: next token of each input position
   DataCursor cursor;                 // which global batch this is
   double wait_seconds = 0;           // how long this call blocked waiting for the host loader
+  // int32, same shape/spec: each input token's document number in its row (data.document_mask), else none.
+  std::optional<sharding::GlobalTensor> document_ids;
 };
 
 class DataPipeline {

@@ -79,11 +79,29 @@ RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len
   return {angles_TE.cos().to(dtype), angles_TE.sin().to(dtype)};
 }
 
+torch::Tensor positions_in_documents(const torch::Tensor& documents_BT) {
+  const int64_t T = documents_BT.size(1);
+  const torch::Tensor t_BT = torch::arange(T, torch::kInt64).expand_as(documents_BT);
+  // A document starts where the number changes (and at t = 0); cummax carries each start's index along the row.
+  torch::Tensor starts_BT = torch::ones_like(documents_BT, torch::kBool);
+  if (T > 1) starts_BT.narrow(1, 1, T - 1).copy_(documents_BT.narrow(1, 1, T - 1) != documents_BT.narrow(1, 0, T - 1));
+  const torch::Tensor first_BT = std::get<0>(torch::cummax(t_BT * starts_BT, 1));
+  return t_BT - first_BT;
+}
+
 torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope, int64_t first_position) {
   const int64_t T = x_BHTE.size(2), half = x_BHTE.size(3) / 2;
-  torch::Tensor cos_TE = rope.cos_TE.narrow(0, first_position, T), sin_TE = rope.sin_TE.narrow(0, first_position, T);
+  torch::Tensor cos, sin;  // [T, E], or [B, 1, T, E] per token
+  if (rope.cos.dim() == 3) {
+    MT_CHECK(first_position == 0, "apply_rope: per-token tables start at the row's first token");
+    cos = rope.cos.unsqueeze(1);
+    sin = rope.sin.unsqueeze(1);
+  } else {
+    cos = rope.cos.narrow(0, first_position, T);
+    sin = rope.sin.narrow(0, first_position, T);
+  }
   torch::Tensor rotated_BHTE = torch::cat({-x_BHTE.narrow(-1, half, half), x_BHTE.narrow(-1, 0, half)}, -1);
-  return x_BHTE * cos_TE + rotated_BHTE * sin_TE;
+  return x_BHTE * cos + rotated_BHTE * sin;
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config)
@@ -104,6 +122,7 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTabl
   torch::Tensor v_BKSE = v_proj->forward(x_BTD).view({B, T, -1, E}).transpose(1, 2);
   const int64_t H = q_BHTE.size(1), K = k_BKSE.size(1);
   MT_CHECK(H == K * G, "attention: {} local query heads do not match {} key/value heads x {} per group", H, K, G);
+  MT_CHECK(!cache || !rope.documents_BT.defined(), "attention: decoding with a KV cache keeps one document per row");
   if (cache) {  // the keys and values of every position so far: S = first_position + T
     cache->keys_BKCE.narrow(2, first_position, T).copy_(k_BKSE);
     cache->values_BKCE.narrow(2, first_position, T).copy_(v_BKSE);
@@ -126,9 +145,16 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTabl
     const torch::Tensor k_BKPE = k_BKSE.narrow(2, 0, P), v_BKPE = v_BKSE.narrow(2, 0, P);
     const torch::Tensor scores_BKRP = compute_matmul(q_BKRE, k_BKPE.transpose(-1, -2));
     // Query t0 + q sits at position S - T + t0 + q and sees the keys up to that position.
-    const torch::Tensor future_QP = torch::ones({Q, P}, torch::kBool).triu(S - T + t0 + 1);
+    // [Q, P], or [B, 1, 1, Q, P] with documents.
+    torch::Tensor masked = torch::ones({Q, P}, torch::kBool).triu(S - T + t0 + 1);  // the future
+    if (rope.documents_BT.defined()) {  // and the keys of other documents
+      const torch::Tensor query_documents_BQ = rope.documents_BT.narrow(1, t0, Q);
+      const torch::Tensor key_documents_BP = rope.documents_BT.narrow(1, 0, P);
+      masked = (masked | (query_documents_BQ.unsqueeze(2) != key_documents_BP.unsqueeze(1)))
+                         .view({B, 1, 1, Q, P});
+    }
     const torch::Tensor scores_BKGQP =
-        scores_BKRP.view({B, K, G, Q, P}).to(torch::kFloat32).masked_fill(future_QP, -INFINITY);
+        scores_BKRP.view({B, K, G, Q, P}).to(torch::kFloat32).masked_fill(masked, -INFINITY);
     const torch::Tensor probs_BKRP =
         torch::softmax(scores_BKGQP, -1).to(x_BTD.scalar_type()).view({B, K, G * Q, P});
     const torch::Tensor out_BKRE = compute_matmul(probs_BKRP, v_BKPE);
@@ -221,9 +247,17 @@ void LlamaForCausalLM::set_compute_dtype(torch::Dtype dtype) {
 }
 
 const RopeTables& LlamaForCausalLM::rope_for(int64_t seq_len) {
-  if (!rope_cache_.cos_TE.defined() || rope_cache_.cos_TE.size(0) < seq_len)
+  if (!rope_cache_.cos.defined() || rope_cache_.cos.size(0) < seq_len)
     rope_cache_ = rope_tables(inverse_frequencies_, seq_len, compute_dtype_);
   return rope_cache_;
+}
+
+RopeTables LlamaForCausalLM::rope_for(const torch::Tensor& documents_BT) {
+  const int64_t B = documents_BT.size(0), T = documents_BT.size(1);
+  const RopeTables& tables = rope_for(T);
+  const torch::Tensor positions_N = positions_in_documents(documents_BT).reshape({-1});
+  return {tables.cos.index_select(0, positions_N).view({B, T, -1}),
+          tables.sin.index_select(0, positions_N).view({B, T, -1}), documents_BT};
 }
 
 torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT) {
@@ -242,8 +276,12 @@ torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT,
   return rows_of(tokens_BT).to(compute_dtype_);
 }
 
-torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD) {
-  const RopeTables& rope = rope_for(x_BTD.size(1));
+torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD, const torch::Tensor& documents_BT) {
+  if (documents_BT.defined())
+    MT_CHECK(documents_BT.scalar_type() == torch::kInt64 && documents_BT.sizes() == x_BTD.sizes().slice(0, 2),
+             "document numbers must be int64 [B, T] like the tokens, got {} {}",
+             c10::toString(documents_BT.scalar_type()), c10::str(documents_BT.sizes()));
+  const RopeTables rope = documents_BT.defined() ? rope_for(documents_BT) : rope_for(x_BTD.size(1));
   torch::Tensor y_BTD = x_BTD;
   for (size_t i = 0; i < model->layers.size(); ++i) {
     LlamaDecoderLayer& layer = *model->layers[i];
@@ -254,8 +292,8 @@ torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD) {
 
 torch::Tensor LlamaForCausalLM::final_norm(const torch::Tensor& x_BTD) { return model->norm->forward(x_BTD); }
 
-torch::Tensor LlamaForCausalLM::hidden_states(const torch::Tensor& tokens_BT) {
-  torch::Tensor hidden_BTD = final_norm(run_layers(embed(tokens_BT)));
+torch::Tensor LlamaForCausalLM::hidden_states(const torch::Tensor& tokens_BT, const torch::Tensor& documents_BT) {
+  torch::Tensor hidden_BTD = final_norm(run_layers(embed(tokens_BT), documents_BT));
   if (router_stats_) router_stats_->close([](at::Tensor&) {});  // this device's tokens are the whole batch
   return hidden_BTD;
 }
@@ -268,8 +306,9 @@ torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
   return compute_matmul(hidden_states(tokens_BT), head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
 }
 
-torch::Tensor LlamaForCausalLM::loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT) {
-  const torch::Tensor hidden_BTD = hidden_states(tokens_BT);
+torch::Tensor LlamaForCausalLM::loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT,
+                                         const torch::Tensor& documents_BT) {
+  const torch::Tensor hidden_BTD = hidden_states(tokens_BT, documents_BT);
   return fused_cross_entropy_sum(hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), head_weight(),
                                  targets_BT.reshape({-1}), cross_entropy_chunk_rows(config_.vocab_size));
 }

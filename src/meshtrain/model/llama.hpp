@@ -77,15 +77,25 @@ class RMSNorm : public torch::nn::Module {
 // computed as Hugging Face's `_compute_llama3_parameters` does.
 torch::Tensor rope_inverse_frequencies(const LlamaConfig& config);
 
-// cos and sin tables [T, E] for positions 0..T-1 in HF's rotate-half layout (each frequency twice: [f, f]).
+// What attention needs to know of a batch's positions: the rotary tables in HF's rotate-half layout (each frequency
+// twice: [f, f]) and, with documents kept apart (data.document_mask), each token's document.
 struct RopeTables {
-  torch::Tensor cos_TE;
-  torch::Tensor sin_TE;
+  // [T, E] for positions 0..T-1 of every row; or, with documents, [B, T, E] for each token's position in its
+  // document (the positions restart at each document start).
+  torch::Tensor cos;
+  torch::Tensor sin;
+  // int64 [B, T], non-decreasing along each row: a token attends only to earlier tokens of the same number.
+  // Undefined: each row is one sequence.
+  torch::Tensor documents_BT;
 };
 RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len, torch::Dtype dtype);
+// Each token's position in its document: t minus the index of its document's first token in the row, for document
+// numbers [B, T] that are non-decreasing along each row.
+torch::Tensor positions_in_documents(const torch::Tensor& documents_BT);
 
 // x * cos + rotate_half(x) * sin with rotate_half([x1, x2]) = [-x2, x1]; x is [B, heads, T, E] at positions
-// first_position..first_position + T - 1 (the tables must cover them).
+// first_position..first_position + T - 1 of [T, E] tables (which must cover them), or at the positions of [B, T, E]
+// ones (first_position 0).
 torch::Tensor apply_rope(const torch::Tensor& x_BHTE, const RopeTables& rope, int64_t first_position = 0);
 
 // One decoder layer's keys and values of the positions decoded so far, [B, K, capacity, E] each (rotated keys).
@@ -176,12 +186,14 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   // Logits [B, T, V] in fp32 for int64 tokens [B, T] (T <= max_position_embeddings).
   torch::Tensor forward(const torch::Tensor& tokens_BT);
   // The final-normed hidden states [B, T, D] in the compute dtype: the output head's input.
-  torch::Tensor hidden_states(const torch::Tensor& tokens_BT);
+  // `documents_BT` (int64 [B, T], optional): keeps the documents packed in a row apart (RopeTables).
+  torch::Tensor hidden_states(const torch::Tensor& tokens_BT, const torch::Tensor& documents_BT = {});
   // The output head's weight [V, D]: lm_head's, or the embedding table when tied.
   torch::Tensor head_weight();
   // Sum over tokens of the cross entropy of targets_BT, as an fp32 scalar, without the [B, T, V] logits
   // (model/fused_cross_entropy.hpp): the training loss.
-  torch::Tensor loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT);
+  torch::Tensor loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT,
+                         const torch::Tensor& documents_BT = {});
 
   // Decoding with a KV cache: an empty cache for `batch` sequences of up to `capacity` positions (at most
   // max_position_embeddings), then next_token_logits on the prompt and on each new token in turn. It runs the
@@ -196,7 +208,8 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   // The same with the table's rows for the tokens given by `rows_of` (fp32 [B, T, D]; a sharded table's lookup).
   torch::Tensor embed(const torch::Tensor& tokens_BT,
                       const std::function<torch::Tensor(const torch::Tensor&)>& rows_of);
-  torch::Tensor run_layers(const torch::Tensor& x_BTD);   // every decoder layer (through the layer runner)
+  // Every decoder layer (through the layer runner); documents_BT as for hidden_states.
+  torch::Tensor run_layers(const torch::Tensor& x_BTD, const torch::Tensor& documents_BT = {});
   torch::Tensor final_norm(const torch::Tensor& x_BTD);   // model.norm
 
   const LlamaConfig& config() const { return config_; }
@@ -220,6 +233,8 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
 
  private:
   const RopeTables& rope_for(int64_t seq_len);
+  // The tables of `documents_BT`'s positions (rope_for's without documents).
+  RopeTables rope_for(const torch::Tensor& documents_BT);
 
   LlamaConfig config_;
   std::shared_ptr<RouterStats> router_stats_;

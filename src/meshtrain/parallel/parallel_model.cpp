@@ -147,16 +147,18 @@ struct EmbeddingGradientRows : torch::autograd::Function<EmbeddingGradientRows> 
 // through it, which accumulates the parameter gradients and gives the input's (PyTorch's reentrant checkpoint).
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_BTD, model::LlamaDecoderLayer* layer,
-                            const at::Tensor& cos_TE, const at::Tensor& sin_TE) {
+                            const model::RopeTables& rope) {
     ctx->saved_data["layer"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(layer));
-    ctx->saved_data["cos"] = cos_TE;
-    ctx->saved_data["sin"] = sin_TE;
+    ctx->saved_data["cos"] = rope.cos;
+    ctx->saved_data["sin"] = rope.sin;
+    ctx->saved_data["documents"] = rope.documents_BT;
     ctx->save_for_backward({x_BTD});
-    return layer->forward(x_BTD, {cos_TE, sin_TE});
+    return layer->forward(x_BTD, rope);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* layer = reinterpret_cast<model::LlamaDecoderLayer*>(static_cast<intptr_t>(ctx->saved_data["layer"].toInt()));
-    const model::RopeTables rope{ctx->saved_data["cos"].toTensor(), ctx->saved_data["sin"].toTensor()};
+    const model::RopeTables rope{ctx->saved_data["cos"].toTensor(), ctx->saved_data["sin"].toTensor(),
+                                 ctx->saved_data["documents"].toTensor()};
     const at::Tensor x_BTD = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::Tensor y_BTD;
     {
@@ -164,7 +166,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
       y_BTD = layer->forward(x_BTD, rope);
     }
     torch::autograd::backward({y_BTD}, {grads[0]});
-    return {x_BTD.grad(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {x_BTD.grad(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -286,7 +288,7 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
     if (!head_by_pieces_) head().prefetch();
   }
   const bool checkpointed = options_.checkpoint_every > 0 && index % options_.checkpoint_every == 0;
-  at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope.cos_TE, rope.sin_TE)
+  at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope)
                                   : layer.forward(input_BTD, rope);
   if (resharding()) {
     for (FsdpUnit* unit : units) unit->free_full();
@@ -332,7 +334,8 @@ at::Tensor ParallelModel::rows_by_shard(const at::Tensor& tokens_BT) {
   return fsdp_comm_.reduce_scatter_sum(rows_ND).view(shape);
 }
 
-at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT) {
+at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT,
+                                  const at::Tensor& documents_BT) {
   head_by_pieces_ = head_by_pieces(tokens_BT.numel());
   const bool by_rows = lookup_by_rows();
   if (!by_rows) embedding_->gather();
@@ -345,7 +348,7 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   if (torch::GradMode::is_enabled())
     x_BTD = EmbeddingGradientRows::apply(x_BTD, embedding_->members().front().param, tokens_BT, &lookup_gradients_);
   if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
-  x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD), final_norm_.get(), &reducing_);
+  x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD, documents_BT), final_norm_.get(), &reducing_);
   if (model::RouterStats* stats = model_->router_stats().get())
     stats->close([this](at::Tensor& sums) { batch_comm_.allreduce_sum(sums); });
   final_norm_->gather();

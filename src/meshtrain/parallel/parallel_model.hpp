@@ -53,7 +53,8 @@ class ParallelModel {
 
   // The training loss of this device's int64 tokens: the sum of the token cross entropies of targets_BT (fp32
   // scalar), the head's loss fused and chunked (the logits never whole). Without grad mode it only evaluates.
-  at::Tensor loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT);
+  // `documents_BT` (int64, optional): keeps the documents packed in a row apart (model::RopeTables).
+  at::Tensor loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT, const at::Tensor& documents_BT = {});
   // After loss.backward(): waits for the last layer gradient reduce-scatter still in flight and reduce-scatters the
   // embedding's gradients (the others' were during the backward).
   void finish_backward();

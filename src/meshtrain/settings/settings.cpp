@@ -168,6 +168,7 @@ DataSettings read_data(KeyReader& r) {
   d.prefetch_steps = r.integer32("data.prefetch_steps", kHostLocal);
   d.loader_threads = r.integer32("data.loader_threads", kHostLocal);
   d.input_sharding = r.text("data.input_sharding", kLayout);
+  d.document_mask = r.boolean("data.document_mask", kResult);
   return d;
 }
 

@@ -57,6 +57,7 @@ struct DataSettings {
   std::string input_sharding;  // a PartitionSpec's text (sharding/spec.hpp), parsed against the mesh by the read plan
   int prefetch_steps = 2;
   int loader_threads = 2;
+  bool document_mask = false;  // each token attends only to its own document (the model's RopeTables)
 };
 
 // eval.*: held-out evaluation every every_steps steps (0: none), over `batches` global batches.

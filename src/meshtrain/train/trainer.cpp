@@ -48,6 +48,11 @@ std::map<std::string, int64_t> collective_bytes(const runtime::CollectiveCounter
           {"broadcast", counters.bytes(Collective::broadcast)}};
 }
 
+// The batch's document numbers as the model takes them (int64), undefined without data.document_mask.
+at::Tensor documents_of(const data::DeviceBatch& batch) {
+  return batch.document_ids ? batch.document_ids->local().to(at::kLong) : at::Tensor();
+}
+
 // Blocks this thread for good (debug.fault=hang): the watchdog's step timeout must find it.
 [[noreturn]] void hang_forever() {
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -239,6 +244,9 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   const double replicas = static_cast<double>(run_.pipeline_->row_replicas());
   const std::vector<at::Tensor> input_chunks = batch.input_ids.local().to(at::kLong).chunk(micro_batches, 0);
   const std::vector<at::Tensor> label_chunks = batch.labels.local().to(at::kLong).chunk(micro_batches, 0);
+  const at::Tensor documents_BT = documents_of(batch);
+  const std::vector<at::Tensor> document_chunks =
+      documents_BT.defined() ? documents_BT.chunk(micro_batches, 0) : std::vector<at::Tensor>(micro_batches);
   model::RouterStats* router_stats = model_->model().router_stats().get();
   std::optional<StepMetrics::Routing> routing;
   if (router_stats) {
@@ -247,7 +255,7 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   }
   double local_loss_sum = 0;
   for (int64_t micro = 0; micro < micro_batches; ++micro) {
-    const at::Tensor loss_sum = model_->loss_sum(input_chunks[micro], label_chunks[micro]);
+    const at::Tensor loss_sum = model_->loss_sum(input_chunks[micro], label_chunks[micro], document_chunks[micro]);
     if (routing) {  // the global batch's routing (replicated rows counted once)
       routing->aux_loss += router_stats->aux_loss() / static_cast<double>(micro_batches);
       routing->dropped_fraction += router_stats->dropped_fraction() / static_cast<double>(micro_batches);
@@ -299,8 +307,9 @@ EvalMetrics DeviceTrainer::evaluate(int64_t step) {
   double local_loss_sum = 0;
   for (int64_t b = 0; b < eval_pipeline.batches_per_epoch(); ++b) {
     const data::DeviceBatch batch = eval_pipeline.next(ctx_);
-    local_loss_sum +=
-        model_->loss_sum(batch.input_ids.local().to(at::kLong), batch.labels.local().to(at::kLong)).item<double>();
+    local_loss_sum += model_->loss_sum(batch.input_ids.local().to(at::kLong), batch.labels.local().to(at::kLong),
+                                       documents_of(batch))
+                          .item<double>();
   }
   if (reporter_) release_freed_heap_memory();
   at::Tensor loss = at::tensor({local_loss_sum}, at::kDouble);
