@@ -64,7 +64,7 @@ class MetricsTest : public ::testing::Test {
 };
 
 TEST_F(MetricsTest, LogsStepOneEveryLoggingStepsAndTheLast) {
-  MetricsLogger logger(run_config(11, 5), true, 0);
+  MetricsLogger logger(run_config(11, 5), true, PeakFlops{});
   const std::string err = run(logger, 1, 11);
   EXPECT_EQ(logged_steps(), (std::vector<int64_t>{1, 5, 10, 11}));
   EXPECT_NE(err.find("step: 5/11, loss (global mean): 9.5000"), std::string::npos) << err;
@@ -73,7 +73,7 @@ TEST_F(MetricsTest, LogsStepOneEveryLoggingStepsAndTheLast) {
 }
 
 TEST_F(MetricsTest, JsonLinesHoldIntervalAveragesAndMfu) {
-  MetricsLogger logger(run_config(4, 2), true, /*peak=*/1e9);
+  MetricsLogger logger(run_config(4, 2), true, PeakFlops{1e9, "configured"});
   run(logger, 1, 4);
   const auto all = lines();
   ASSERT_EQ(all.size(), 3u);
@@ -91,7 +91,7 @@ TEST_F(MetricsTest, JsonLinesHoldIntervalAveragesAndMfu) {
 }
 
 TEST_F(MetricsTest, LogLineShowsMfuAndDataWaitWhenThePeakIsKnown) {
-  MetricsLogger logger(run_config(2, 1), true, 1e9);
+  MetricsLogger logger(run_config(2, 1), true, PeakFlops{1e9, "configured"});
   const std::string err = run(logger, 1, 1, false);
   EXPECT_NE(err.find("tokens/s: 2000 (500/device), MFU: 50.0%"), std::string::npos) << err;
   EXPECT_NE(err.find("data wait: 50.0 ms (10.0%)"), std::string::npos) << err;
@@ -99,10 +99,10 @@ TEST_F(MetricsTest, LogLineShowsMfuAndDataWaitWhenThePeakIsKnown) {
 
 TEST_F(MetricsTest, ResumedRunKeepsOneLinePerStep) {
   {
-    MetricsLogger first(run_config(10, 2), true, 0);
+    MetricsLogger first(run_config(10, 2), true, PeakFlops{});
     run(first, 1, 9, false);  // "crashes" after step 9: lines 1 2 4 6 8
   }
-  MetricsLogger resumed(run_config(10, 2), true, 0, /*first_step=*/7);  // from the checkpoint at step 6
+  MetricsLogger resumed(run_config(10, 2), true, PeakFlops{}, /*first_step=*/7);  // from the checkpoint at step 6
   EXPECT_EQ(logged_steps(), (std::vector<int64_t>{1, 2, 4, 6}));
   run(resumed, 7, 10);
   EXPECT_EQ(logged_steps(), (std::vector<int64_t>{1, 2, 4, 6, 8, 10}));
@@ -110,29 +110,29 @@ TEST_F(MetricsTest, ResumedRunKeepsOneLinePerStep) {
 
 TEST_F(MetricsTest, FreshRunStartsANewFile) {
   {
-    MetricsLogger old_run(run_config(4, 1), true, 0);
+    MetricsLogger old_run(run_config(4, 1), true, PeakFlops{});
     run(old_run, 1, 4);
   }
-  MetricsLogger logger(run_config(4, 1), true, 0);
+  MetricsLogger logger(run_config(4, 1), true, PeakFlops{});
   run(logger, 1, 2);
   EXPECT_EQ(logged_steps(), (std::vector<int64_t>{1, 2}));
 }
 
 TEST_F(MetricsTest, FinishLogsTheLastStepOfARunThatEndedEarly) {
-  MetricsLogger logger(run_config(100, 10), true, 0);
+  MetricsLogger logger(run_config(100, 10), true, PeakFlops{});
   run(logger, 1, 13);
   EXPECT_EQ(logged_steps(), (std::vector<int64_t>{1, 10, 13}));
 }
 
 TEST_F(MetricsTest, OnlyTheWriterWritesTheFile) {
-  MetricsLogger logger(run_config(3, 1), false, 0);
+  MetricsLogger logger(run_config(3, 1), false, PeakFlops{});
   const std::string err = run(logger, 1, 3);
   EXPECT_FALSE(fs::exists(scratch_.path() / "metrics.jsonl"));
   EXPECT_NE(err.find("step: 3/3"), std::string::npos) << err;
 }
 
 TEST_F(MetricsTest, DivergedLossNamesTheStep) {
-  MetricsLogger logger(run_config(10, 5), true, 0);
+  MetricsLogger logger(run_config(10, 5), true, PeakFlops{});
   StepMetrics m = step_metrics(3);
   m.loss = std::nan("");
   try {
@@ -145,7 +145,7 @@ TEST_F(MetricsTest, DivergedLossNamesTheStep) {
 
 TEST_F(MetricsTest, BadLoggingStepsNamesTheKey) {
   try {
-    MetricsLogger logger(run_config(10, 0), true, 0);
+    MetricsLogger logger(run_config(10, 0), true, PeakFlops{});
     FAIL() << "expected a UserError";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("logging_steps"), std::string::npos) << e.what();
@@ -153,19 +153,24 @@ TEST_F(MetricsTest, BadLoggingStepsNamesTheKey) {
 }
 
 TEST(PeakFlopsTest, ConfiguredPeakIsUsed) {
-  EXPECT_DOUBLE_EQ(peak_flops_per_device(/*peak_gflops=*/250, torch::kBFloat16, 1), 250e9);
+  const PeakFlops peak = decide_peak_flops(/*configured_gflops=*/250, torch::kBFloat16, 1);
+  EXPECT_DOUBLE_EQ(peak.flops, 250e9);
+  EXPECT_EQ(peak.source, "configured");
+  EXPECT_EQ(peak.measured, 0);  // nothing measured
+  EXPECT_EQ(PeakFlops::from_json(peak.to_json(), "test").describe(), peak.describe());
 }
 
 TEST(PeakFlopsTest, MeasuresAShortPeakWhenNoneIsConfigured) {
   const int threads_before = at::get_num_threads();
-  ::testing::internal::CaptureStderr();
   const auto start = std::chrono::steady_clock::now();
-  const double peak = peak_flops_per_device(/*peak_gflops=*/0, torch::kFloat32, 1);
+  const PeakFlops decided = decide_peak_flops(/*configured_gflops=*/0, torch::kFloat32, 1);
+  const double peak = decided.measured;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_GT(peak, 1e8);
   EXPECT_LT(seconds, 3.0);  // < 1 s on a fast BLAS; the reference BLAS needs two 1024^3 products
-  EXPECT_NE(err.find("metrics.peak_gflops"), std::string::npos) << err;
+  EXPECT_TRUE(decided.source == "theoretical" || decided.source == "measured") << decided.source;
+  EXPECT_EQ(decided.flops, decided.source == "theoretical" ? decided.theoretical : decided.measured);
+  EXPECT_NE(decided.describe().find("measured"), std::string::npos) << decided.describe();
   EXPECT_EQ(at::get_num_threads(), threads_before);
 }
 

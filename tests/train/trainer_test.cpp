@@ -74,7 +74,7 @@ class TrainerTest : public ::testing::Test {
     std::vector<std::unique_ptr<Trainer>> trainers;
     for (int host = 0; host < mesh.hosts(); ++host) {
       trainers.push_back(std::make_unique<Trainer>(settings, mesh, host, 1));
-      EXPECT_TRUE(trainers.back()->start());
+      EXPECT_TRUE(trainers.back()->start(trainers.front()->job_facts()));
     }
     std::vector<StepRecord> records(mesh.num_devices());
     testing::expect_no_failures(testing::run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {

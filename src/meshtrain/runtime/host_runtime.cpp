@@ -183,7 +183,7 @@ void HostRuntime::wait_for_keys(c10d::Store& store, const std::vector<std::strin
   }
 }
 
-void HostRuntime::agree_on_job(const JobFacts& facts) {
+JobFacts HostRuntime::agree_on_job(const JobFacts& facts) {
   const std::string job_id = to_string(store_->get(kJobIdKey));
   if (!facts.shared_dir.empty()) {
     const fs::path marker = host_marker(facts.shared_dir, job_id, identity_.host);
@@ -231,6 +231,8 @@ void HostRuntime::agree_on_job(const JobFacts& facts) {
   log::info("The {} hosts agree on the job: config, build {}, dataset {}, resume point {}{}", identity_.hosts,
             facts.build.substr(0, 12), facts.dataset.empty() ? "(none)" : facts.dataset, facts.resume,
             facts.shared_dir.empty() ? "" : fmt::format(", and every host sees {}", facts.shared_dir));
+  return JobFacts::from_json(
+      parse_json(to_string(store_->get(store_keys::facts(0))), "host 0's job facts"));
 }
 
 void HostRuntime::log_flight_recorder() const {

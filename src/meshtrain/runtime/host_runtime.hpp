@@ -57,9 +57,10 @@ class HostRuntime {
   HostRuntime(const HostRuntime&) = delete;
   HostRuntime& operator=(const HostRuntime&) = delete;
 
-  // Publishes this host's facts, and returns once every host's agree; otherwise every host ends with exit code 2,
-  // printing each difference per host. Call it once, before run_on_devices.
-  void agree_on_job(const JobFacts& facts);
+  // Publishes this host's facts, and returns host 0's once every host's agree (what host 0 decides for all:
+  // JobFacts::mfu_peak); otherwise every host ends with exit code 2, printing each difference per host. Call it
+  // once, before run_on_devices.
+  JobFacts agree_on_job(const JobFacts& facts);
 
   // Runs `fn` on one thread per local device and returns when all have returned. If any throws, the job ends
   // everywhere (this process exits; see the file comment).

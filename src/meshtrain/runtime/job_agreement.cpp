@@ -36,7 +36,8 @@ void compare_field(const std::string& what, const std::vector<std::string>& valu
 }  // namespace
 
 nlohmann::json JobFacts::to_json() const {
-  return {{"config", config}, {"build", build}, {"dataset", dataset}, {"resume", resume}, {"shared_dir", shared_dir}};
+  return {{"config", config},   {"build", build},           {"dataset", dataset},
+          {"resume", resume},   {"shared_dir", shared_dir}, {"mfu_peak", mfu_peak}};
 }
 
 JobFacts JobFacts::from_json(const nlohmann::json& json) {
@@ -46,6 +47,7 @@ JobFacts JobFacts::from_json(const nlohmann::json& json) {
   facts.dataset = json.at("dataset").get<std::string>();
   facts.resume = json.at("resume").get<std::string>();
   facts.shared_dir = json.at("shared_dir").get<std::string>();
+  facts.mfu_peak = json.at("mfu_peak");
   return facts;
 }
 

@@ -19,6 +19,8 @@ struct JobFacts {
   std::string dataset;                        // the dataset's fingerprint ("" when the verb reads none)
   std::string resume;                         // the checkpoint it would resume from: "step 20 (data epoch 0 step 20)"
   std::string shared_dir;                     // a folder every host must see as one storage ("" when none is needed)
+  // What host 0 decides for every host (not compared): the MFU denominator (train/metrics.hpp, PeakFlops).
+  nlohmann::json mfu_peak;
 
   nlohmann::json to_json() const;
   static JobFacts from_json(const nlohmann::json& json);

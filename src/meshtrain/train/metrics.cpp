@@ -2,6 +2,7 @@
 #include "meshtrain/train/metrics.hpp"
 
 #include "meshtrain/common/atomic_file.hpp"
+#include "meshtrain/common/cpu_info.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/json_read.hpp"
@@ -64,11 +65,10 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-MetricsLogger::MetricsLogger(const settings::Settings& settings, bool is_writer, double peak_flops_per_device,
-                             int64_t first_step)
+MetricsLogger::MetricsLogger(const settings::Settings& settings, bool is_writer, PeakFlops peak, int64_t first_step)
     : is_writer_(is_writer),
       progress_bar_(is_writer && ::isatty(STDERR_FILENO) == 1),
-      peak_flops_(peak_flops_per_device),
+      peak_(std::move(peak)),
       logging_steps_(settings.metrics.logging_steps),
       max_steps_(settings.max_steps),
       first_step_(first_step),
@@ -142,8 +142,8 @@ void MetricsLogger::write_line(const StepMetrics& m) {
   const double steps = static_cast<double>(pending_steps_);
   const double tokens_per_s = pending_step_s_ > 0 ? static_cast<double>(pending_tokens_) / pending_step_s_ : 0.0;
   const double tokens_per_s_per_device = tokens_per_s / std::max(m.num_devices, 1);
-  const bool peak_known = peak_flops_ > 0;
-  const double mfu = peak_known ? m.flops_per_token * tokens_per_s_per_device / peak_flops_ : 0.0;
+  const bool peak_known = peak_.flops > 0;
+  const double mfu = peak_known ? m.flops_per_token * tokens_per_s_per_device / peak_.flops : 0.0;
   const double step_s = pending_step_s_ / steps, data_wait_s = pending_data_wait_s_ / steps;
   const double compute_s = pending_compute_s_ / steps, comm_s = pending_comm_s_ / steps;
   const double data_wait_percent = step_s > 0 ? 100.0 * data_wait_s / step_s : 0.0;
@@ -170,6 +170,7 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                            {"tokens_per_s", tokens_per_s},
                            {"tokens_per_s_per_device", tokens_per_s_per_device},
                            {"mfu", peak_known ? nlohmann::json(mfu) : nlohmann::json(nullptr)},
+                           {"mfu_peak", peak_.to_json()},
                            {"step_time_s", step_s},
                            {"data_wait_s", data_wait_s},
                            {"compute_s", compute_s},
@@ -232,20 +233,56 @@ void MetricsLogger::clear_progress() {
   progress_shown_ = false;
 }
 
-double peak_flops_per_device(double peak_gflops, torch::Dtype compute_dtype, int threads) {
-  if (peak_gflops > 0) return peak_gflops * 1e9;
-  MT_CHECK(threads >= 1, "peak_flops_per_device: threads must be >= 1, got {}", threads);
+std::string PeakFlops::describe() const {
+  std::string text = fmt::format("MFU denominator: {:.1f} GFLOP/s per device, {}", flops / 1e9, source);
+  if (source == "theoretical") text += fmt::format(" ({})", theoretical_how);
+  if (measured > 0) text += fmt::format("; measured {:.1f} GFLOP/s (1024^3 products)", measured / 1e9);
+  if (source == "measured") text += fmt::format("; no theoretical figure: {}", theoretical_how);
+  return text + fmt::format("; CPU {}, decided by host 0 for every host", cpu);
+}
+
+nlohmann::json PeakFlops::to_json() const {
+  return {{"flops", flops},       {"source", source}, {"theoretical", theoretical}, {"theoretical_how", theoretical_how},
+          {"measured", measured}, {"cpu", cpu}};
+}
+
+PeakFlops PeakFlops::from_json(const nlohmann::json& json, const std::string& source_name) {
+  PeakFlops peak;
+  try {
+    peak.flops = json.at("flops").get<double>();
+    peak.source = json.at("source").get<std::string>();
+    peak.theoretical = json.at("theoretical").get<double>();
+    peak.theoretical_how = json.at("theoretical_how").get<std::string>();
+    peak.measured = json.at("measured").get<double>();
+    peak.cpu = json.at("cpu").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(fmt::format("{}: not an MFU peak ({}): {}", source_name, e.what(), json_excerpt(json)));
+  }
+  return peak;
+}
+
+PeakFlops decide_peak_flops(double configured_gflops, torch::Dtype compute_dtype, int threads) {
+  MT_CHECK(threads >= 1, "decide_peak_flops: threads must be >= 1, got {}", threads);
   // The GEMMs that run: fp32 ones for bf16 compute on the fp32_gemm path (model/compute_matmul.hpp).
   const torch::Dtype gemm_dtype = model::gemm_dtype(compute_dtype);
-  model::MatmulPeak peak;
+  const CpuInfo cpu = read_cpu_info();
+  const TheoreticalPeak theoretical = theoretical_peak(cpu, threads, gemm_dtype == torch::kBFloat16);
+  PeakFlops peak;
+  peak.cpu = cpu.describe();
+  peak.theoretical = theoretical.flops;
+  peak.theoretical_how = theoretical.how;
+  if (configured_gflops > 0) {
+    peak.flops = configured_gflops * 1e9;
+    peak.source = "configured";
+    return peak;
+  }
   {
     runtime::ThreadCountGuard guard(threads);
-    peak = model::measure_matmul_peak(gemm_dtype, 1024, 0.25);
+    peak.measured = model::measure_matmul_peak(gemm_dtype, 1024, 0.25).gflops * 1e9;
   }
-  log::info("MFU denominator: measured {:.1f} GFLOP/s per device ({} matmul {}^3, {} threads; `meshtrain peak` "
-            "measures longer, set metrics.peak_gflops to use a known peak)",
-            peak.gflops, gemm_dtype == torch::kBFloat16 ? "bf16" : "fp32", peak.rows, threads);
-  return peak.gflops * 1e9;
+  peak.source = peak.theoretical > 0 ? "theoretical" : "measured";
+  peak.flops = peak.theoretical > 0 ? peak.theoretical : peak.measured;
+  return peak;
 }
 
 }  // namespace meshtrain::train

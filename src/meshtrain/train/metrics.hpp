@@ -55,13 +55,29 @@ struct EvalMetrics {
   double seconds = 0;
 };
 
+// The MFU denominator of one device: the peak matmul FLOP/s for the dtype its GEMMs run in (fp32 for bf16 compute
+// on the fp32_gemm path, model/compute_matmul.hpp). Host 0 decides it and every host uses its (JobFacts::mfu_peak).
+struct PeakFlops {
+  double flops = 0;         // the denominator: configured, else theoretical, else measured
+  std::string source;       // "configured" (metrics.peak_gflops), "theoretical" or "measured"
+  double theoretical = 0;   // cores x clock x FLOP/cycle (common/cpu_info.hpp); 0 when not known
+  std::string theoretical_how;
+  double measured = 0;      // the best of a short run of 1024^3 products (0 when configured)
+  std::string cpu;          // CpuInfo::describe() of host 0
+
+  // "MFU denominator: 78.2 GFLOP/s per device, theoretical (1 core x 2.44 GHz x 32 FLOP/cycle ...); measured 71.3"
+  std::string describe() const;
+  nlohmann::json to_json() const;
+  // UserError naming `source_name` for a malformed object.
+  static PeakFlops from_json(const nlohmann::json& json, const std::string& source_name);
+};
+
 class MetricsLogger {
  public:
   // One per host. `is_writer` (host 0) writes metrics.jsonl and draws the progress bar; every host logs the lines.
-  // `peak_flops_per_device` in FLOP/s, 0 when unknown. `first_step`: the step this run starts at (see above).
+  // `peak`: the MFU denominator (flops 0: no MFU). `first_step`: the step this run starts at (see above).
   // Uses logging_steps, max_steps, output_dir and metrics.tensorboard.
-  MetricsLogger(const settings::Settings& settings, bool is_writer, double peak_flops_per_device,
-                int64_t first_step = 1);
+  MetricsLogger(const settings::Settings& settings, bool is_writer, PeakFlops peak, int64_t first_step = 1);
   ~MetricsLogger();  // ends the progress bar's line
   MetricsLogger(const MetricsLogger&) = delete;
   MetricsLogger& operator=(const MetricsLogger&) = delete;
@@ -82,7 +98,7 @@ class MetricsLogger {
   void clear_progress();
 
   bool is_writer_, progress_bar_;
-  double peak_flops_;
+  PeakFlops peak_;
   int64_t logging_steps_, max_steps_, first_step_;
   std::filesystem::path path_;
   std::ofstream file_;
@@ -97,10 +113,9 @@ class MetricsLogger {
   bool progress_shown_ = false;
 };
 
-// The peak matmul FLOP/s of one device for MFU: peak_gflops (metrics.peak_gflops) * 1e9 when > 0, else a
-// short measurement (< 1 s) of 1024^3 products on the calling thread with `threads` torch threads (logged, with the
-// key to set instead), in the dtype the GEMMs of `compute_dtype` run in (fp32 for bf16 compute on the fp32_gemm path,
-// model/compute_matmul.hpp). CPU only: the measurement runs CPU kernels.
-double peak_flops_per_device(double peak_gflops, torch::Dtype compute_dtype, int threads);
+// Decides the denominator for a device of `threads` torch threads: metrics.peak_gflops when > 0; else the
+// theoretical peak of this CPU when its flags and clock give one, else the measured rate (a short measurement, < 1 s,
+// on the calling thread, always made unless configured).
+PeakFlops decide_peak_flops(double configured_gflops, torch::Dtype compute_dtype, int threads);
 
 }  // namespace meshtrain::train

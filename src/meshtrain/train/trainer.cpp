@@ -110,12 +110,17 @@ Trainer::Trainer(const settings::Settings& settings, const mesh::Mesh& mesh, int
   memory_plan_ = plan_memory(settings_, memory_layout(settings_, mesh, pipeline_->spec()));
   log::info("Memory plan: {}", memory_plan_.describe());
   if (settings_.memory.check) check_memory_fits(settings_, memory_plan_, available_memory());
+  if (host_ == 0)  // host 0 decides the MFU denominator for every host
+    mfu_peak_ = decide_peak_flops(settings_.metrics.peak_gflops, model::torch_dtype(settings_.compute_dtype),
+                                  threads_per_device_)
+                    .to_json();
 }
 
 runtime::JobFacts Trainer::job_facts() const {
   runtime::JobFacts facts;
   facts.config = settings_.host_shared();
   facts.build = build_id();
+  facts.mfu_peak = mfu_peak_;
   facts.dataset = pipeline_->fingerprint();
   const data::DataCursor cursor = pipeline_->start_cursor();
   facts.resume = resume_state_ ? fmt::format("step {} (data epoch {} step {})", start_step_, cursor.epoch, cursor.step)
@@ -125,7 +130,7 @@ runtime::JobFacts Trainer::job_facts() const {
   return facts;
 }
 
-bool Trainer::start() {
+bool Trainer::start(const runtime::JobFacts& agreed) {
   if (start_step_ >= settings_.max_steps) {
     log::info("Nothing to train: {} is at step {} and max_steps={} (use another output_dir, or "
               "checkpoint.resume=false to start over)", resume_dir_->string(), start_step_, settings_.max_steps);
@@ -135,11 +140,9 @@ bool Trainer::start() {
     log::info("Resuming from {} (step {}, data epoch {} step {})", resume_dir_->string(), start_step_,
               pipeline_->start_cursor().epoch, pipeline_->start_cursor().step);
 
-  metrics_ = std::make_unique<MetricsLogger>(
-      settings_, host_ == 0,
-      peak_flops_per_device(settings_.metrics.peak_gflops, model::torch_dtype(settings_.compute_dtype),
-                            threads_per_device_),
-      first_step());
+  const PeakFlops peak = PeakFlops::from_json(agreed.mfu_peak, "host 0's MFU peak");
+  log::info("{}", peak.describe());
+  metrics_ = std::make_unique<MetricsLogger>(settings_, host_ == 0, peak, first_step());
   const config::LlamaConfig& model_config = settings_.model;
   const int64_t global_tokens = settings_.tokens_per_step();
   log::info("Training a {} of {} layers x {} hidden ({} parameters{}), steps {}..{}: global batch {} x {} = {} tokens "
@@ -338,8 +341,7 @@ void DeviceTrainer::save(int64_t step, const data::DataCursor& next) {
 
 void train_host(const settings::Settings& settings, const mesh::Mesh& mesh, int host, runtime::HostRuntime& runtime) {
   Trainer trainer(settings, mesh, host, runtime.threads_per_device());
-  runtime.agree_on_job(trainer.job_facts());
-  if (!trainer.start()) return;
+  if (!trainer.start(runtime.agree_on_job(trainer.job_facts()))) return;
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) { DeviceTrainer(trainer, ctx).train(); });
   trainer.finish();
 }

@@ -44,10 +44,12 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // What this host would run, for the hosts to compare before any collective (runtime/job_agreement.hpp).
+  // What this host would run, for the hosts to compare before any collective (runtime/job_agreement.hpp); host 0's
+  // also carry what it decides for all (the MFU denominator).
   runtime::JobFacts job_facts() const;
-  // Logs the run and opens its metrics; false (after saying so) when the resume point is already at max_steps.
-  bool start();
+  // Logs the run and opens its metrics with what host 0 decided (`agreed`: host 0's job_facts()); false (after
+  // saying so) when the resume point is already at max_steps.
+  bool start(const runtime::JobFacts& agreed);
   // The host's closing lines: where training stopped, the memory used against the plan, the plot and TensorBoard.
   void finish();
 
@@ -72,6 +74,7 @@ class Trainer {
   int64_t start_step_ = 0;
   std::unique_ptr<data::DataPipeline> pipeline_, eval_pipeline_;  // eval_pipeline_: null without evaluation
   MemoryPlan memory_plan_;
+  nlohmann::json mfu_peak_;  // host 0's PeakFlops (null on the other hosts)
   std::unique_ptr<MetricsLogger> metrics_;
   std::optional<model::CheckpointTensors> checkpoint_weights_;  // the initial weights, when they come from files
   model::SliceSource initial_values_;
