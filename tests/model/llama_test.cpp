@@ -91,9 +91,9 @@ TEST(LlamaConfigTest, InvalidShapesNameTheField) {
 
 TEST(LlamaConfigTest, TrainingFlopsPerToken) {
   LlamaConfig c = model_config("llama-3-8b");
-  // 6 x (parameters - embedding table - norms) + 12 x layers x heads x head_dim x seq
+  // 6 x (parameters - embedding table - norms) + 12 x layers x heads x head_dim x (seq + 1) / 2 (causal)
   const double norms = (2.0 * 32 + 1) * 4096;
-  const double expected = 6.0 * (8'030'261'248.0 - 128256.0 * 4096 - norms) + 12.0 * 32 * 32 * 128 * 4096;
+  const double expected = 6.0 * (8'030'261'248.0 - 128256.0 * 4096 - norms) + 6.0 * 32 * 32 * 128 * 4097;
   EXPECT_DOUBLE_EQ(c.training_flops_per_token(4096), expected);
 }
 

@@ -219,8 +219,9 @@ double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
   // With tied embeddings the table is still multiplied once, by the output head.
   const int64_t matmul_params =
       active_parameter_count() - norms - (tie_word_embeddings ? 0 : embedding_parameter_count());
+  // Causal attention: the token at position t scores and weighs t + 1 keys, (seq_len + 1) / 2 on average.
   return 6.0 * static_cast<double>(matmul_params) +
-         12.0 * static_cast<double>(num_hidden_layers * num_attention_heads * head_dim * seq_len);
+         6.0 * static_cast<double>(num_hidden_layers * num_attention_heads * head_dim * (seq_len + 1));
 }
 
 bool operator==(const LlamaConfig& a, const LlamaConfig& b) { return a.to_hf_json("") == b.to_hf_json(""); }

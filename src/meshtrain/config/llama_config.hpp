@@ -61,8 +61,9 @@ struct LlamaConfig {
   // The parameters of the token embedding table (excluded from the matmul FLOP count).
   int64_t embedding_parameter_count() const;
   // Training FLOPs per token for sequences of `seq_len` tokens (forward + backward = 3x forward): 6 x the active
-  // matmul parameters (all but the embedding table and the norms; k of E experts) plus 12 x layers x heads x head_dim x seq_len for the
-  // attention scores and values (PaLM / MaxText convention, causal mask not discounted).
+  // matmul parameters (all but the embedding table and the norms; k of E experts) plus, for the attention scores and
+  // values, 12 x layers x heads x head_dim x the keys a token sees under the causal mask, (seq_len + 1) / 2 on
+  // average (the FLOPs causal attention needs; PaLM's count without the causal discount is twice that).
   double training_flops_per_token(int64_t seq_len) const;
 };
 
