@@ -5,7 +5,9 @@
 //                              [--bf16-matmul auto|native|fp32_gemm] [--no-peer] [--trace-dir DIR]
 //
 // A step is forward, cross-entropy loss, backward and an AdamW update on random tokens; the first step of each side
-// warms up and is not timed. meshtrain's side runs what its trainer runs on one device: the process memory set-up of
+// warms up and is not timed. Both sides do the same work, and the bench proves it: the peer starts from meshtrain's
+// initial weights and trains on the same tokens (a safetensors file meshtrain writes), and every step's loss must
+// agree (fp32: 1e-4 relative; bf16: 2e-2), or the bench fails without printing a ratio. meshtrain's side runs what its trainer runs on one device: the process memory set-up of
 // the `meshtrain` binary (runtime/block_cache_allocator.hpp), the fused head loss (no [B, T, V] logits) and its own
 // AdamW; the peer is what a PyTorch user writes (full logits, F.cross_entropy, torch.optim.AdamW). Prints tokens/s
 // of both, the ratio meshtrain / PyTorch, and MFU. With several threads on fp32 GEMMs the bench restarts itself with
@@ -18,10 +20,12 @@
 // --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
 // profiler adds its own cost per op) and writes a Chrome trace, DIR/meshtrain.json and DIR/pytorch.json;
 // bench/step_profile.py DIR/*.json --steps N lists the top operators by self time per step.
+#include "meshtrain/common/atomic_file.hpp"
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
+#include "meshtrain/model/safetensors.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
 #include "meshtrain/runtime/compute_threads.hpp"
 #include "meshtrain/train/adamw.hpp"
@@ -33,21 +37,31 @@
 #include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 using namespace meshtrain;
 
 namespace {
 
 // Runs bench/model_step_peer.py on the same model and shapes; its tokens/s, or -1 when it failed (printed).
-double run_peer(const config::LlamaConfig& config, int64_t batch, int64_t seq, int threads,
-                const std::string& dtype_name, int steps, const std::string& trace_dir) {
+// What the peer reports: its throughput and the loss of each of its steps (the warm-up step's first).
+struct PeerResult {
+  double tokens_per_s = 0;
+  std::vector<double> losses;
+};
+
+// Runs the peer on the weights and tokens of `start_file` (written by write_start); nullopt (after printing why)
+// when it fails.
+std::optional<PeerResult> run_peer(const config::LlamaConfig& config, const std::string& start_file, int threads,
+                                   const std::string& dtype_name, int steps, const std::string& trace_dir) {
   const std::string peer_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/model_step_peer.py";
   const std::string command = fmt::format(
-      "/usr/bin/python3 {} --config '{}' --batch {} --seq {} --threads {} --dtype {} --steps {}", peer_script,
-      config.to_hf_json("float32").dump(), batch, seq, threads, dtype_name, steps) +
+      "/usr/bin/python3 {} --config '{}' --start '{}' --threads {} --dtype {} --steps {}", peer_script,
+      config.to_hf_json("float32").dump(), start_file, threads, dtype_name, steps) +
       (trace_dir.empty() ? "" : fmt::format(" --trace '{}/pytorch.json'", trace_dir));
   FILE* pipe = ::popen(command.c_str(), "r");
   std::string output;
@@ -55,9 +69,21 @@ double run_peer(const config::LlamaConfig& config, int64_t batch, int64_t seq, i
   while (pipe && std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
   if (!pipe || ::pclose(pipe) != 0) {
     std::cerr << "the PyTorch peer failed: " << command << "\n" << output;
-    return -1;
+    return std::nullopt;
   }
-  return nlohmann::json::parse(output)["tokens_per_s"].get<double>();
+  const nlohmann::json result = nlohmann::json::parse(output);
+  return PeerResult{result.at("tokens_per_s").get<double>(), result.at("losses").get<std::vector<double>>()};
+}
+
+// The start both sides train from: the model's initial parameters (Hugging Face names) and the token batch
+// ("tokens", int64 [batch, seq + 1]), one safetensors file.
+void write_start(const std::string& path, model::LlamaForCausalLM& llama, const torch::Tensor& tokens) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& item : llama.named_parameters()) tensors.emplace_back(item.key(), item.value().detach());
+  tensors.emplace_back("tokens", tokens);
+  AtomicFileWriter out(path);
+  model::write_safetensors(out, tensors);
+  out.commit();
 }
 
 }  // namespace
@@ -106,7 +132,12 @@ int main(int argc, char** argv) {
   train::AdamW optimizer(adamw, parameters);
   torch::Tensor tokens = torch::randint(config.vocab_size, {batch, seq + 1}, torch::kInt64);
   torch::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
+  const std::string start_file = (std::filesystem::temp_directory_path() /
+                                  fmt::format("model_step_bench_start_{}.safetensors", ::getpid()))
+                                     .string();
+  if (!no_peer) write_start(start_file, llama, tokens);
   double timed = 0, loss = 0;
+  std::vector<double> losses;  // of every step, the warm-up's first
   auto train_step = [&] {
     for (const torch::Tensor& p : parameters) p.mutable_grad().reset();
     torch::Tensor l = llama.loss_sum(inputs, targets) / static_cast<double>(batch * seq);
@@ -115,6 +146,7 @@ int main(int argc, char** argv) {
     for (const torch::Tensor& p : parameters) grads.push_back(p.grad());
     optimizer.step(grads, adamw.learning_rate);
     loss = l.item<double>();
+    losses.push_back(loss);
   };
   for (int step = 0; step <= steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
@@ -129,7 +161,28 @@ int main(int argc, char** argv) {
   }
 
   double peer = 0;
-  if (!no_peer && (peer = run_peer(config, batch, seq, threads, dtype_name, steps, trace_dir)) < 0) return 1;
+  std::string agreement;
+  if (!no_peer) {
+    const std::optional<PeerResult> result = run_peer(config, start_file, threads, dtype_name, steps, trace_dir);
+    std::filesystem::remove(start_file);
+    if (!result) return 1;
+    peer = result->tokens_per_s;
+    // Equal work: the same start, the same batch, the same updates give the same losses, step by step (bf16: within
+    // its rounding, which differs between meshtrain's fp32 GEMMs of bf16 values and autocast's).
+    const double tolerance = dtype == torch::kBFloat16 ? 2e-2 : 1e-4;
+    double worst = 0;
+    for (size_t k = 0; k < std::min(result->losses.size(), losses.size()); ++k)
+      worst = std::max(worst, std::abs(result->losses[k] - losses[k]) / std::abs(losses[k]));
+    if (result->losses.size() != losses.size() || worst > tolerance) {
+      std::cerr << fmt::format("the peer did other work: losses meshtrain [{:.6f}], PyTorch [{:.6f}] (relative "
+                               "difference up to {:.2e}, tolerance {:.0e}); no ratio\n",
+                               fmt::join(losses, ", "), fmt::join(result->losses, ", "), worst, tolerance);
+      return 1;
+    }
+    agreement = fmt::format("  equal work: both sides start from meshtrain's initial weights and train on the same "
+                            "tokens; their {} losses agree within {:.1e} relative (tolerance {:.0e})\n",
+                            losses.size(), worst, tolerance);
+  }
 
   const torch::Dtype gemm = model::gemm_dtype(dtype);
   const model::MatmulPeak peak = model::measure_matmul_peak(gemm, 2048, 2.0);
@@ -144,6 +197,7 @@ int main(int argc, char** argv) {
   if (!no_peer)
     report += fmt::format("  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%\n"
                           "  ratio meshtrain / PyTorch: {:.2f}x\n", peer, mfu(peer), ours / peer);
+  report += agreement;
   report += fmt::format("  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n"
                         "  OpenMP ({}): {}\n", gemm == torch::kBFloat16 ? "bf16" : "fp32", peak.gflops,
                         flops_per_token / 1e9, no_peer ? "meshtrain" : "both sides", runtime::openmp_wait_setting());

@@ -2,12 +2,15 @@
 """model_step_peer.py — the peer of model_step_bench: the same Llama training step in PyTorch eager from Python.
 
 A Llama-3 written the way a PyTorch user would (HF-style modules: repeat_kv, matmul attention, RMSNorm in fp32,
-torch.autocast for bf16), AdamW, random tokens. Prints one JSON line: {"tokens_per_s": ..., "step_s": [...]}.
-Run by model_step_bench with the same config, batch, sequence, threads and dtype.
+torch.autocast for bf16), AdamW. It starts from the weights and trains on the tokens of --start, a safetensors file
+meshtrain's side wrote, so that both sides do the same work. Prints one JSON line:
+{"tokens_per_s": ..., "step_s": [...], "losses": [...]} (losses of every step, the untimed warm-up's first).
+Run by model_step_bench with the same config, threads and dtype.
 """
 import argparse
 import json
 import math
+import struct
 import time
 
 import torch
@@ -96,22 +99,44 @@ class Llama(nn.Module):
         return self.lm_head(x) if self.lm_head is not None else x @ self.embed_tokens.weight.t()
 
 
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "I64": torch.int64}
+
+
+def read_safetensors(path):
+    """{name: tensor} of a safetensors file (8-byte little-endian header size, JSON header, data)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + size])
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        raw = bytearray(data[8 + size + begin:8 + size + end])
+        out[name] = torch.frombuffer(raw, dtype=SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True, help="JSON of the HF LlamaConfig keys")
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--start", required=True, help="safetensors: the initial weights (HF names) and the tokens")
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--trace", help="after the timed steps, profile `steps` more and write a Chrome trace here")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
     c = json.loads(a.config)
     model = Llama(c)
+    start = read_safetensors(a.start)
+    tokens = start.pop("tokens")
+    # Hugging Face's names ("model.layers.0.mlp.gate_proj.weight") to this module's ("layers.0.gate_proj.weight").
+    state = {name.removeprefix("model.").replace(".mlp.", "."): value for name, value in start.items()}
+    model.load_state_dict(state, strict=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, c["vocab_size"], (a.batch, a.seq + 1))
+    batch, seq = tokens.shape[0], tokens.shape[1] - 1
 
     def train_step():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
@@ -122,19 +147,19 @@ def main():
         opt.step()
         return loss
 
-    times = []
+    times, losses = [], []
     for step in range(a.steps + 1):  # the first step warms up
         t0 = time.perf_counter()
         loss = train_step()
         if step:
             times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
     if a.trace:
         with torch.autograd.profiler.profile() as profile:
             for _ in range(a.steps):
                 train_step()
         profile.export_chrome_trace(a.trace)
-    print(json.dumps({"tokens_per_s": a.batch * a.seq * len(times) / sum(times), "step_s": times,
-                      "loss": loss.item()}))
+    print(json.dumps({"tokens_per_s": batch * seq * len(times) / sum(times), "step_s": times, "losses": losses}))
 
 
 if __name__ == "__main__":
