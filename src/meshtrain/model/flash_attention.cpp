@@ -3,8 +3,8 @@
 // range of key tiles), each task's tiles multiplied by a register-blocked kernel compiled for AVX2+FMA when the CPU
 // has them (chosen once at run time; the build itself targets baseline x86-64) and for the baseline otherwise.
 //
-// Legend as in flash_attention.hpp, and: P the head dimension padded to a multiple of kColumnStep (zeros), N the keys of
-// one tile (kFlashKeyTile), C key tiles, R rows of one query tile, W the columns (keys) of a tile that are computed
+// Legend as in flash_attention.hpp, and: P the head dimension padded to a multiple of kColumnStep (zeros), N the keys
+// of one tile (kFlashKeyTile), C key tiles, R rows of one query tile, W the columns (keys) of a tile that are computed
 // (kColumnStep-aligned).
 #include "meshtrain/model/flash_attention.hpp"
 
@@ -285,7 +285,7 @@ struct ForwardBuffers {
   const float* q_BHTP;   // scaled by 1 / sqrt(E)
   const float* kt_BKCPN;
   const float* v_BKNP;
-  float* out_BHTP;
+  float* out_BTHP;  // [B, T, H, P]: the model reads it as [B, T, H * E] without a copy
   float* lse_BHT;
 };
 
@@ -302,8 +302,9 @@ MT_FLASH_INLINE void forward_task(const Layout& l, const ForwardBuffers& x, int6
   float* max_R = s_RN + kFlashQueryTile * N;
   float* sum_R = max_R + kFlashQueryTile;
   const float* q_RP = x.q_BHTP + bht0 * P;
-  float* out_RP = x.out_BHTP + bht0 * P;
-  std::fill(out_RP, out_RP + rows * P, 0.0f);
+  const int64_t ldo = l.H * P;
+  float* out_RP = x.out_BTHP + ((b * l.T + query_tile * kFlashQueryTile) * l.H + h) * P;
+  for (int64_t r = 0; r < rows; ++r) std::fill(out_RP + r * ldo, out_RP + r * ldo + P, 0.0f);
   std::fill(max_R, max_R + rows, kMinusInfinity);
   std::fill(sum_R, sum_R + rows, 0.0f);
   for (int64_t key_tile = 0; key_tile < l.C; ++key_tile) {
@@ -330,14 +331,15 @@ MT_FLASH_INLINE void forward_task(const Layout& l, const ForwardBuffers& x, int6
       sum_R[r] = sum_R[r] * rescale + vec_sum<Lanes>(sum);
       max_R[r] = new_max;
       if (rescale != 1.0f)
-        for (float* o = out_RP + r * P; o < out_RP + (r + 1) * P; o += Lanes) MT_FLASH_STORE(o, MT_FLASH_LOAD(o) * rescale);
+        for (float* o = out_RP + r * ldo; o < out_RP + r * ldo + P; o += Lanes)
+          MT_FLASH_STORE(o, MT_FLASH_LOAD(o) * rescale);
     }
-    tile_product<Lanes>(rows, P, W, s_RN, N, 1, x.v_BKNP + (kv * l.C * N + key_tile * N) * P, P, out_RP, P, true);
+    tile_product<Lanes>(rows, P, W, s_RN, N, 1, x.v_BKNP + (kv * l.C * N + key_tile * N) * P, P, out_RP, ldo, true);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const bool seen = sum_R[r] > 0;
     const float by = seen ? 1.0f / sum_R[r] : 0.0f;
-    for (float* o = out_RP + r * P; o < out_RP + (r + 1) * P; o += Lanes) MT_FLASH_STORE(o, MT_FLASH_LOAD(o) * by);
+    for (float* o = out_RP + r * ldo; o < out_RP + r * ldo + P; o += Lanes) MT_FLASH_STORE(o, MT_FLASH_LOAD(o) * by);
     x.lse_BHT[bht0 + r] = seen ? max_R[r] + std::log(sum_R[r]) : kMinusInfinity;
   }
 }
@@ -455,10 +457,10 @@ AttentionResult attention_forward(const torch::Tensor& q_BHTE, const torch::Tens
   const torch::Tensor q_BHTP = padded_fp32(q_BHTE, l.T, l.P, 1.0 / std::sqrt(static_cast<double>(l.E)));
   const torch::Tensor v_BKNP = padded_fp32(v_BKSE, N, l.P);
   const torch::Tensor kt_BKCPN = tiles_transposed(padded_fp32(k_BKSE, N, l.P), l);
-  torch::Tensor out_BHTP = torch::empty({l.B, l.H, l.T, l.P}, torch::kFloat32);
+  torch::Tensor out_BTHP = torch::empty({l.B, l.T, l.H, l.P}, torch::kFloat32);
   torch::Tensor lse_BHT = torch::empty({l.B, l.H, l.T}, torch::kFloat32);
   const ForwardBuffers x{q_BHTP.data_ptr<float>(), kt_BKCPN.data_ptr<float>(), v_BKNP.data_ptr<float>(),
-                         out_BHTP.data_ptr<float>(), lse_BHT.data_ptr<float>()};
+                         out_BTHP.data_ptr<float>(), lse_BHT.data_ptr<float>()};
   // Tasks (b, h, query tile), those with the most key tiles to see first.
   struct Task {
     int64_t b, h, query_tile, tiles;
@@ -467,7 +469,8 @@ AttentionResult attention_forward(const torch::Tensor& q_BHTE, const torch::Tens
   for (int64_t b = 0; b < l.B; ++b)
     for (int64_t query_tile = 0; query_tile < l.query_tiles; ++query_tile) {
       int64_t tiles = 0;
-      for (int64_t key_tile = 0; key_tile < l.C; ++key_tile) tiles += l.sight(b, query_tile, key_tile) != TileSight::none;
+      for (int64_t key_tile = 0; key_tile < l.C; ++key_tile)
+        tiles += l.sight(b, query_tile, key_tile) != TileSight::none;
       for (int64_t h = 0; h < l.H; ++h) tasks.push_back({b, h, query_tile, tiles});
     }
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.tiles > b.tiles; });
@@ -475,8 +478,8 @@ AttentionResult attention_forward(const torch::Tensor& q_BHTE, const torch::Tens
   run_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t t, std::vector<float>& scratch) {
     task_fn(l, x, tasks[t].b, tasks[t].h, tasks[t].query_tile, scratch);
   });
-  torch::Tensor out_BHTE = l.P == l.E ? out_BHTP : out_BHTP.narrow(-1, 0, l.E);
-  return {out_BHTE.to(q_BHTE.scalar_type()), lse_BHT};
+  const torch::Tensor out_BHTE = (l.P == l.E ? out_BTHP : out_BTHP.narrow(-1, 0, l.E)).transpose(1, 2);
+  return {out_BHTE.to(q_BHTE.scalar_type()), lse_BHT};  // to() keeps the strides
 }
 
 struct Gradients {

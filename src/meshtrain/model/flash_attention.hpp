@@ -37,7 +37,7 @@ struct AttentionMask {
 };
 
 struct AttentionResult {
-  torch::Tensor out_BHTE;  // the dtype of q
+  torch::Tensor out_BHTE;  // the dtype of q, laid out as [B, T, H, E] (out_BHTE.transpose(1, 2) is contiguous)
   torch::Tensor lse_BHT;   // fp32 log-sum-exp of each query's scaled scores over the keys it sees (-inf: none)
 };
 
