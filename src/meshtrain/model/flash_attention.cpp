@@ -505,10 +505,11 @@ Gradients attention_backward(const torch::Tensor& q_BHTE, const torch::Tensor& k
   delta_BHT = delta_BHT.contiguous();
 
   // Tasks (b, key/value head, range of key tiles). A task owns its keys' dK and dV; the G query heads' dQ of a range
-  // goes to that range's partial sum, so that no two threads write one element. With fewer (b, head) pairs than
-  // twice the threads, each pair's key tiles are split into ranges of about equal work (up to 4).
+  // goes to that range's partial sum, so that no two threads write one element. With several threads and fewer
+  // (b, head) pairs than twice their number, each pair's key tiles are split into ranges of about equal work (up to 4).
   const int64_t threads = at::get_num_threads(), pairs = l.B * l.K;
-  const int64_t ranges = std::clamp<int64_t>((2 * threads + pairs - 1) / pairs, 1, std::min<int64_t>(4, l.C));
+  const int64_t wanted = threads > 1 ? (2 * threads + pairs - 1) / pairs : 1;
+  const int64_t ranges = std::clamp<int64_t>(wanted, 1, std::min<int64_t>(4, l.C));
   struct Task {
     int64_t b, kv_head, first, end, part, tiles;
   };
