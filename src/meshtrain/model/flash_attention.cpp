@@ -1,7 +1,8 @@
 // flash_attention.cpp — the tiled attention kernel of flash_attention.hpp: fp32 working copies of the inputs laid out
 // for the tile products, a forward task per (row, query head, query tile), a backward task per (row, key/value head,
 // range of key tiles), each task's tiles multiplied by a register-blocked kernel compiled for AVX2+FMA when the CPU
-// has them (chosen once at run time; the build itself targets baseline x86-64) and for the baseline otherwise.
+// has them (chosen once at run time; the build itself targets baseline x86-64) and for the baseline otherwise. Tasks
+// go to the torch threads by at::parallel_for, which this file is compiled with OpenMP for (CMakeLists.txt).
 //
 // Legend as in flash_attention.hpp, and: P the head dimension padded to a multiple of kColumnStep (zeros), N the keys
 // of one tile (kFlashKeyTile), C key tiles, R rows of one query tile, W the columns (keys) of a tile that are computed
