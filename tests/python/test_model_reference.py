@@ -336,9 +336,9 @@ class ModelReferenceTest(unittest.TestCase):
                 self.assertIsNone(printed["text"])  # no tokenizer.json in the directory
 
     def test_attention_in_several_query_blocks(self):
-        """Causal attention runs in blocks of 64 query positions (model/llama.hpp kAttentionQueryBlock): 199 positions
-        (three whole blocks and a partial one) score like the reference, and a 150-token prompt, filled into the KV
-        cache in blocks, generates the reference's greedy tokens."""
+        """Causal attention runs in tiles of 64 queries against 64 keys (model/flash_attention.hpp): 199 positions
+        (three whole tiles and a partial one on each side) score like the reference, and a 150-token prompt, its
+        queries after the cached ones, generates the reference's greedy tokens."""
         cfg = CASES["gqa"]
         _, worst = run_case(self, cfg, seed=120, seq_len=200)
         print(f"gqa, 199 positions: worst |C++ - reference| over logits and grads = {worst:.3g}", file=sys.stderr)

@@ -1,11 +1,11 @@
 // llama.cpp — the Llama-3 modules, rotary embedding with Llama-3.1 scaling, loss helpers, HF-style initialization.
 // Shape suffixes as in llama.hpp: B batch, T sequence, D hidden, V vocab, H/K query/key-value heads, G = H/K,
-// E head_dim, F intermediate, S key positions, Q query positions of one attention block, P the key positions it
-// sees.
+// E head_dim, F intermediate, S key positions.
 #include "meshtrain/model/llama.hpp"
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
+#include "meshtrain/model/flash_attention.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/parameter_init.hpp"
@@ -129,48 +129,15 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTabl
     k_BKSE = cache->keys_BKCE.narrow(2, 0, first_position + T);
     v_BKSE = cache->values_BKCE.narrow(2, 0, first_position + T);
   }
+  // Query t sits at position S - T + t and sees the keys up to it (model/flash_attention.hpp: tiles, no [T, S] scores).
   const int64_t S = k_BKSE.size(2);
-
-  // Causal attention by blocks of query positions: the queries [t0, t0 + Q) sit at positions S - T + t0 ... and see
-  // the keys [0, S - T + t0 + Q), so the keys after a block are never multiplied (about half the products and scores
-  // of [T, S] at once) and a block's scores are small enough to stay in cache. The scale goes on the queries, not on
-  // the larger scores.
-  const torch::Tensor q_scaled_BHTE = q_BHTE * (1.0 / std::sqrt(double(E)));
-  std::vector<torch::Tensor> out_blocks_BQHE;
-  for (int64_t t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
-    const int64_t Q = std::min(kAttentionQueryBlock, T - t0), P = S - T + t0 + Q;
-    // Grouped-query attention without copying K/V per query head: query head h = k*G + g reads key/value head k, so
-    // the G query heads of a group are stacked along the row axis of one matmul against their shared K.
-    const torch::Tensor q_BKRE = q_scaled_BHTE.narrow(2, t0, Q).reshape({B, K, G * Q, E});  // R = G*Q rows: (g, q)
-    const torch::Tensor k_BKPE = k_BKSE.narrow(2, 0, P), v_BKPE = v_BKSE.narrow(2, 0, P);
-    const torch::Tensor scores_BKRP = compute_matmul(q_BKRE, k_BKPE.transpose(-1, -2));
-    // Query t0 + q sits at position S - T + t0 + q and sees the keys up to that position.
-    // [Q, P], or [B, 1, 1, Q, P] with documents.
-    torch::Tensor masked = torch::ones({Q, P}, torch::kBool).triu(S - T + t0 + 1);  // the future
-    if (rope.documents_BT.defined()) {  // and the keys of other documents
-      const torch::Tensor query_documents_BQ = rope.documents_BT.narrow(1, t0, Q);
-      const torch::Tensor key_documents_BP = rope.documents_BT.narrow(1, 0, P);
-      masked = (masked | (query_documents_BQ.unsqueeze(2) != key_documents_BP.unsqueeze(1)))
-                         .view({B, 1, 1, Q, P});
-    }
-    const torch::Tensor scores_BKGQP =
-        scores_BKRP.view({B, K, G, Q, P}).to(torch::kFloat32).masked_fill(masked, -INFINITY);
-    const torch::Tensor probs_BKRP =
-        torch::softmax(scores_BKGQP, -1).to(x_BTD.scalar_type()).view({B, K, G * Q, P});
-    const torch::Tensor out_BKRE = compute_matmul(probs_BKRP, v_BKPE);
-    out_blocks_BQHE.push_back(out_BKRE.view({B, H, Q, E}).transpose(1, 2));
+  AttentionMask mask = AttentionMask::causal(S - T, T, S);
+  if (rope.documents_BT.defined()) {  // and only the keys of the query's own document
+    mask.query_documents = rope.documents_BT;
+    mask.key_documents = rope.documents_BT;
   }
-  const torch::Tensor out_BTHE = out_blocks_BQHE.size() == 1 ? out_blocks_BQHE[0] : torch::cat(out_blocks_BQHE, 1);
-  return o_proj->forward(out_BTHE.reshape({B, T, H * E}));
-}
-
-int64_t attention_scores_per_head(int64_t T) {
-  int64_t scores = 0;
-  for (int64_t t0 = 0; t0 < T; t0 += kAttentionQueryBlock) {
-    const int64_t Q = std::min(kAttentionQueryBlock, T - t0);
-    scores += Q * (t0 + Q);
-  }
-  return scores;
+  const torch::Tensor out_BHTE = flash_attention(q_BHTE, k_BKSE, v_BKSE, mask).out_BHTE;
+  return o_proj->forward(out_BHTE.transpose(1, 2).reshape({B, T, H * E}));
 }
 
 std::shared_ptr<Linear>& LlamaAttention::linear_slot(const std::string& child) {

@@ -4,8 +4,8 @@
 // replace_linear swaps a projection, set_layer_runner runs each decoder layer (docs/model.md, "For a parallelizer").
 // Parameters stay fp32; set_compute_dtype(kBFloat16) runs the matmuls in bf16 (weights cast on the fly, gradients
 // land in fp32), with RMSNorm statistics, softmax and the logits in fp32.
-// Every matmul goes through compute_matmul (model/compute_matmul.hpp): on a CPU without bf16 instructions a bf16
-// one is an fp32 GEMM of the bf16 values.
+// Every projection goes through compute_matmul (model/compute_matmul.hpp): on a CPU without bf16 instructions a bf16
+// one is an fp32 GEMM of the bf16 values. Attention is model/flash_attention.hpp's kernel (fp32 products and softmax).
 //
 // Shape suffixes: B batch, T sequence (positions), D hidden_size, V vocab, H query heads (local), K key/value heads
 // (local), G query heads per key/value head (H = K*G), E head_dim, F intermediate_size, S key positions (= T).
@@ -110,12 +110,6 @@ struct KvCache {
   int64_t length = 0;
   int64_t capacity = 0;
 };
-
-// Query positions per block of causal attention (LlamaAttention::forward computes a block's scores against only
-// the keys it sees).
-constexpr int64_t kAttentionQueryBlock = 64;
-// The attention scores of one query head over a sequence of T positions in those blocks (T * T / 2 and a little more).
-int64_t attention_scores_per_head(int64_t T);
 
 class LlamaAttention : public torch::nn::Module, public LinearOwner {
  public:

@@ -4,8 +4,8 @@
 
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
+#include "meshtrain/model/flash_attention.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
-#include "meshtrain/model/llama.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
 
 #include <fmt/format.h>
@@ -41,7 +41,7 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   const config::LlamaConfig& m = settings.model;
   const int64_t D = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, tp = layout.tensor;
   const int64_t q_out = m.num_attention_heads * m.head_dim, kv_out = m.num_key_value_heads * m.head_dim;
-  const int64_t F = m.intermediate_size, H = m.num_attention_heads, T = settings.block_size;
+  const int64_t F = m.intermediate_size, H = m.num_attention_heads, K = m.num_key_value_heads, T = settings.block_size;
   // Elements of each FSDP unit on one tensor rank: the embedding, a layer, the final norm, lm_head (untied); the
   // head's weight is V x D either way.
   const int64_t head_weight = V * D, lm_head = m.tie_word_embeddings ? 0 : V * D;
@@ -95,15 +95,15 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   }
   // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs, normalized
   // values and outputs, q/k before and after RoPE, v, the attention output before o_proj, the residual sums, the
-  // MLP's gate, up, silu and product; the attention scores and probabilities in fp32 (of the keys each block of
-  // queries sees: model::attention_scores_per_head).
+  // MLP's gate, up, silu and product; attention's fp32 log-sum-exp per query head (model/flash_attention.hpp: its
+  // tiles of scores are the threads' scratch, never kept).
   // A Mixtral's token goes through k experts: their gate, up, silu and product per slot, the slot's input and output
   // rows (gathered, exchanged, weighted) and the fp32 router logits and probabilities.
   const int64_t k = m.is_moe() ? m.num_experts_per_tok : 1;
   const int64_t moe_rows = m.is_moe() ? c * 4 * k * D + 4 * 2 * m.num_local_experts : 0;
   const int64_t per_token_layer =
       c * (8 * D + (5 * q_out + 7 * kv_out + 4 * k * F) / tp) + moe_rows +
-      4 * 2 * (H / tp) * ceil_div(model::attention_scores_per_head(T), T);
+      model::kFlashSavedBytesPerQueryHead * (H / tp);
   const int64_t layer_activations = tokens * per_token_layer;
   const int every = settings.parallel.checkpoint_every;
   if (every == 0) {
@@ -113,6 +113,8 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
     d.activations = checkpointed * tokens * D * c + (L - checkpointed) * layer_activations + layer_activations;
   }
   d.activations += 4 * tokens * D * c;  // the embedding output and the final norm
+  // One layer's attention backward at a time: its fp32 working copies.
+  d.activations += tokens * model::flash_attention_backward_bytes_per_position(H / tp, K / tp, m.head_dim);
   // The fused head loss (model/fused_cross_entropy.hpp): kept from forward to backward, the hidden states' gradient
   // and this device's shard of the head weight's fp32 gradient (reduce-scattered in forward; all of it at fsdp=1);
   // one chunk of logits with its gradient at a time.
