@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <random>
 
 namespace meshtrain::runtime {
 namespace {
@@ -113,19 +116,43 @@ void attach_job_secret(HostIdentity& identity, const HostFlags& flags, const Env
   identity.job_secret_source = std::move(secret.source);
 }
 
-int find_free_port() {
+namespace {
+
+// Whether `port` (0: any) on 127.0.0.1 can be bound now; the bound port when it can.
+int try_bind(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   MT_CHECK(fd >= 0, "socket() failed while looking for a free port");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof addr;
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   ::close(fd);
-  MT_CHECK(ok, "could not bind a socket on 127.0.0.1 to find a free port");
-  return ntohs(addr.sin_port);
+  return ok ? ntohs(addr.sin_port) : 0;
+}
+
+// The first port of the kernel's ephemeral range (what it hands to connect() and bind(0)), 32768 if unknown.
+int first_ephemeral_port() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  return range >> low && low > 0 ? low : 32768;
+}
+
+}  // namespace
+
+int find_free_port() {
+  // Below the ephemeral range: the kernel never gives such a port to another process's outgoing connection or
+  // bind(0) between this check and the coordinator's bind (with parallel jobs, an ephemeral one was taken in between).
+  const int high = first_ephemeral_port(), low = std::min(20000, high / 2);
+  std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> pick(low, high - 1);
+  for (int attempt = 0; attempt < 64; ++attempt)
+    if (const int port = try_bind(pick(random))) return port;
+  const int port = try_bind(0);
+  MT_CHECK(port > 0, "could not bind a socket on 127.0.0.1 to find a free port");
+  return port;
 }
 
 }  // namespace meshtrain::runtime

@@ -49,7 +49,8 @@ bool is_loopback_name(const std::string& address);
 // The first host name of a Slurm node list: "node[01-04,07],gpu2" -> "node01".
 std::string first_slurm_node(const std::string& nodelist);
 
-// A TCP port on 127.0.0.1 that was free a moment ago (for local jobs and tests).
+// A TCP port on 127.0.0.1 that was free a moment ago (for local jobs and tests), chosen at random below the kernel's
+// ephemeral range so that no other process is handed it before the job binds it.
 int find_free_port();
 
 }  // namespace meshtrain::runtime
