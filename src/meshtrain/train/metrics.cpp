@@ -235,9 +235,17 @@ void MetricsLogger::clear_progress() {
 
 std::string PeakFlops::describe() const {
   std::string text = fmt::format("MFU denominator: {:.1f} GFLOP/s per device, {}", flops / 1e9, source);
-  if (source == "theoretical") text += fmt::format(" ({})", theoretical_how);
-  if (measured > 0) text += fmt::format("; measured {:.1f} GFLOP/s (1024^3 products)", measured / 1e9);
-  if (source == "measured") text += fmt::format("; no theoretical figure: {}", theoretical_how);
+  if (source == "theoretical") {
+    text += fmt::format(" ({})", theoretical_how);
+    if (measured > 0) text += fmt::format("; measured {:.1f} GFLOP/s (1024^3 products)", measured / 1e9);
+  } else if (source == "measured") {
+    text += " (1024^3 products)";
+    text += theoretical > 0 ? fmt::format("; above the theoretical {:.1f} GFLOP/s ({}): the CPU runs above its listed "
+                                          "clock", theoretical / 1e9, theoretical_how)
+                            : fmt::format("; no theoretical figure: {}", theoretical_how);
+  } else {
+    text += " (metrics.peak_gflops)";
+  }
   return text + fmt::format("; CPU {}, decided by host 0 for every host", cpu);
 }
 
@@ -280,8 +288,10 @@ PeakFlops decide_peak_flops(double configured_gflops, torch::Dtype compute_dtype
     runtime::ThreadCountGuard guard(threads);
     peak.measured = model::measure_matmul_peak(gemm_dtype, 1024, 0.25).gflops * 1e9;
   }
-  peak.source = peak.theoretical > 0 ? "theoretical" : "measured";
-  peak.flops = peak.theoretical > 0 ? peak.theoretical : peak.measured;
+  // A measured rate above the theoretical figure means the CPU runs faster than its listed clock (a boost clock
+  // that /proc/cpuinfo does not show): the larger is the peak, so that MFU never credits more than the machine did.
+  peak.source = peak.theoretical >= peak.measured ? "theoretical" : "measured";
+  peak.flops = std::max(peak.theoretical, peak.measured);
   return peak;
 }
 

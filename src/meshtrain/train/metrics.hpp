@@ -58,7 +58,7 @@ struct EvalMetrics {
 // The MFU denominator of one device: the peak matmul FLOP/s for the dtype its GEMMs run in (fp32 for bf16 compute
 // on the fp32_gemm path, model/compute_matmul.hpp). Host 0 decides it and every host uses its (JobFacts::mfu_peak).
 struct PeakFlops {
-  double flops = 0;         // the denominator: configured, else theoretical, else measured
+  double flops = 0;         // the denominator: configured, else the larger of theoretical and measured
   std::string source;       // "configured" (metrics.peak_gflops), "theoretical" or "measured"
   double theoretical = 0;   // cores x clock x FLOP/cycle (common/cpu_info.hpp); 0 when not known
   std::string theoretical_how;
@@ -113,9 +113,9 @@ class MetricsLogger {
   bool progress_shown_ = false;
 };
 
-// Decides the denominator for a device of `threads` torch threads: metrics.peak_gflops when > 0; else the
-// theoretical peak of this CPU when its flags and clock give one, else the measured rate (a short measurement, < 1 s,
-// on the calling thread, always made unless configured).
+// Decides the denominator for a device of `threads` torch threads: metrics.peak_gflops when > 0; else the larger of
+// this CPU's theoretical peak (when its flags and clock give one) and the measured rate (a short measurement, < 1 s,
+// on the calling thread, made unless configured).
 PeakFlops decide_peak_flops(double configured_gflops, torch::Dtype compute_dtype, int threads);
 
 }  // namespace meshtrain::train
