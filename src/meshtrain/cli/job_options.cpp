@@ -89,9 +89,7 @@ void log_and_save_config(const settings::Settings& settings, int host) {
   if (host != 0) return;
   const std::filesystem::path path = settings.output_dir / "config.yaml";
   std::filesystem::create_directories(settings.output_dir);
-  AtomicFileWriter file(path);
-  file.write(settings.resolved_yaml().data(), settings.resolved_yaml().size());
-  file.commit();
+  write_file_atomically(path, settings.resolved_yaml());
   log::info("Resolved config saved to {}", path.string());
 }
 

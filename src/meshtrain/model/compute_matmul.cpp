@@ -2,6 +2,7 @@
 // autograd function (compute_matmul.hpp says why). Legend as there: N rows, I inner size, O output columns.
 #include "meshtrain/model/compute_matmul.hpp"
 
+#include "meshtrain/common/cpu_info.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/common/log.hpp"
 #include "meshtrain/model/matmul_peak.hpp"
@@ -10,8 +11,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
-#include <sstream>
 
 namespace meshtrain::model {
 namespace {
@@ -55,18 +54,11 @@ struct Fp32GemmOfBf16 : torch::autograd::Function<Fp32GemmOfBf16> {
 }  // namespace
 
 std::string cpu_bf16_flags() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    // x86 lists "flags", Arm "Features"; the first processor's line speaks for all.
-    if (line.rfind("flags", 0) != 0 && line.rfind("Features", 0) != 0) continue;
-    std::istringstream words(line.substr(line.find(':') == std::string::npos ? line.size() : line.find(':') + 1));
-    std::string word, found;
-    while (words >> word)
-      if (word == "avx512_bf16" || word == "amx_bf16" || word == "bf16") found += (found.empty() ? "" : " ") + word;
-    return found;
-  }
-  return "";
+  const CpuInfo cpu = read_cpu_info();
+  std::string found;
+  for (const char* flag : {"avx512_bf16", "amx_bf16", "bf16"})
+    if (cpu.has(flag)) found += (found.empty() ? "" : " ") + std::string(flag);
+  return found;
 }
 
 std::string Bf16MatmulChoice::describe() const {
