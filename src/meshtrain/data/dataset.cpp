@@ -61,39 +61,42 @@ TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, token_shards
                 block_size + 1);
 }
 
-void TokenDataset::read_sample(int64_t id, int32_t* out) const {
+template <typename PieceFn>
+void TokenDataset::for_each_piece(int64_t id, int64_t count, PieceFn&& piece_fn) const {
   MT_CHECK(id >= 0 && id < num_samples_, "sample {} is outside the dataset's {} samples", id, num_samples_);
-  uint64_t begin = static_cast<uint64_t>(id * block_size_), count = static_cast<uint64_t>(block_size_ + 1);
+  uint64_t begin = static_cast<uint64_t>(id * block_size_), left = static_cast<uint64_t>(count);
   // The shard holding `begin`: the last whose start is <= begin.
   size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), begin) - shard_starts_.begin() - 1;
-  while (count > 0) {
+  for (bool first = true; left > 0; first = false, ++s) {
     const token_shards::TokenShard& shard = shards_.shards()[s];
-    const uint64_t offset = begin - shard_starts_[s], piece = std::min(count, shard.token_count() - offset);
-    // int32 and uint32 may alias; token ids are below the vocabulary size, at most 2^31 (checked on construction),
-    // and each id is checked here, where it is handed on (the index's max_token is trusted when checksums are
-    // computed on first read).
-    if (shard.copy_tokens(offset, piece, reinterpret_cast<uint32_t*>(out)) >= index().tokenizer.vocab_size)
-      throw_token_beyond_vocabulary(shard, index(), id, offset, piece, out);
-    out += piece;
+    const uint64_t offset = begin - shard_starts_[s], piece = std::min(left, shard.token_count() - offset);
+    piece_fn(shard, offset, piece, first);
     begin += piece;
-    count -= piece;
-    ++s;
+    left -= piece;
   }
 }
 
+void TokenDataset::read_sample(int64_t id, int32_t* out) const {
+  for_each_piece(id, block_size_ + 1,
+                 [&](const token_shards::TokenShard& shard, uint64_t offset, uint64_t piece, bool /*first*/) {
+                   // int32 and uint32 may alias; token ids are below the vocabulary size, at most 2^31 (checked on
+                   // construction), and each id is checked here, where it is handed on (the index's max_token is
+                   // trusted when checksums are computed on first read).
+                   if (shard.copy_tokens(offset, piece, reinterpret_cast<uint32_t*>(out)) >=
+                       index().tokenizer.vocab_size)
+                     throw_token_beyond_vocabulary(shard, index(), id, offset, piece, out);
+                   out += piece;
+                 });
+}
+
 void TokenDataset::read_sample_documents(int64_t id, int32_t* out) const {
-  MT_CHECK(id >= 0 && id < num_samples_, "sample {} is outside the dataset's {} samples", id, num_samples_);
-  uint64_t begin = static_cast<uint64_t>(id * block_size_), count = static_cast<uint64_t>(block_size_);
-  size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), begin) - shard_starts_.begin() - 1;
   int32_t document = 0;
-  bool first_piece = true;
-  while (count > 0) {
-    const token_shards::TokenShard& shard = shards_.shards()[s];
-    const uint64_t offset = begin - shard_starts_[s], piece = std::min(count, shard.token_count() - offset);
+  for_each_piece(id, block_size_, [&](const token_shards::TokenShard& shard, uint64_t offset, uint64_t piece,
+                                      bool first) {
     // The shard's document starts (checked non-decreasing from 0 when it was opened); the first one after `offset`.
     const uint64_t* starts = shard.document_starts();
     const uint64_t* next = std::upper_bound(starts, starts + shard.document_count() + 1, offset);
-    if (!first_piece && piece > 0) ++document;  // a shard begins with a document
+    if (!first && piece > 0) ++document;  // a shard begins with a document
     for (uint64_t k = 0; k < piece; ++k) {
       if (offset + k == *next) {
         ++document;
@@ -101,11 +104,7 @@ void TokenDataset::read_sample_documents(int64_t id, int32_t* out) const {
       }
       *out++ = document;
     }
-    first_piece = false;
-    begin += piece;
-    count -= piece;
-    ++s;
-  }
+  });
 }
 
 }  // namespace meshtrain::data

@@ -40,6 +40,11 @@ class TokenDataset {
   void read_sample_documents(int64_t id, int32_t* out) const;
 
  private:
+  // Calls piece_fn(shard, offset, piece, first) for each shard's part of the `count` tokens from sample `id`'s start,
+  // in stream order (a sample may straddle shards); `first` for the part in the sample's first shard.
+  template <typename PieceFn>
+  void for_each_piece(int64_t id, int64_t count, PieceFn&& piece_fn) const;
+
   token_shards::ShardDirectory shards_;
   int64_t block_size_;
   int64_t num_samples_;
