@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
   const uint64_t seed = 42;
   auto dataset = std::make_shared<const data::TokenDataset>(data::TokenDataset::resolve(dataset_name), block_size);
   const data::GlobalSampler sampler(seed, dataset->num_samples(), global_batch_size);
-  const mesh::Mesh mesh = mesh::Mesh::create(mesh::AxisSizes{{1, hosts * devices_per_host, 1, 1}},
-                                             mesh::AxisSizes{{1, 1, 1, 1}}, hosts, devices_per_host);
+  const mesh::Mesh mesh = mesh::Mesh::create(mesh::AxisSizes{{1, hosts * devices_per_host, 1, 1, 1}},
+                                             mesh::AxisSizes{{1, 1, 1, 1, 1}}, hosts, devices_per_host);
   const data::ReadPlan plan = data::ReadPlan::make(mesh, global_batch_size, block_size,
                                                    sharding::PartitionSpec::parse("(data,fsdp),None"), 0);
   const int64_t rows = static_cast<int64_t>(plan.rows.size());

@@ -8,8 +8,9 @@
 namespace meshtrain::mesh {
 namespace {
 
-Mesh mesh_of(int data, int fsdp, int tensor, int expert) {
-  return Mesh::create(AxisSizes{{data, fsdp, tensor, expert}}, AxisSizes{}, 1, data * fsdp * tensor * expert);
+Mesh mesh_of(int data, int fsdp, int tensor, int expert, int context = 1) {
+  return Mesh::create(AxisSizes{{data, fsdp, tensor, expert, context}}, AxisSizes{}, 1,
+                      data * fsdp * tensor * expert * context);
 }
 
 using Axes = std::vector<Axis>;

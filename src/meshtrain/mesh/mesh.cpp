@@ -55,6 +55,7 @@ std::string_view axis_name(Axis axis) {
     case Axis::fsdp: return "fsdp";
     case Axis::tensor: return "tensor";
     case Axis::expert: return "expert";
+    case Axis::context: return "context";
   }
   return "?";
 }
