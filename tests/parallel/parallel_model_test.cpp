@@ -1,9 +1,11 @@
 // parallel_model_test.cpp — the parallel model against the single-device model on simulated meshes (one thread per
 // device, real Gloo groups): same loss, same full gradient, same gradient norm, for FSDP (resharded after forward
 // or kept), data parallel, the hybrid, tensor parallel and their combinations, and a Mixtral's expert parallelism
-// with each of them (its loss with the load-balancing loss's gradient); and the checkpoint helpers (full tensors out,
-// shards back in on another mesh, experts included).
+// with each of them (its loss with the load-balancing loss's gradient), context parallelism (each device holding two
+// chunks of every row, documents kept apart or not) alone and with each of them; and the checkpoint helpers (full
+// tensors out, shards back in on another mesh, experts included).
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/mesh/mesh_roles.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/parallel/parallel_model.hpp"
 #include "meshtrain/sharding/spec.hpp"
@@ -26,7 +28,7 @@ using testing::expect_no_failures;
 using testing::run_on_all_devices;
 using testing::tiny_llama_config;
 
-constexpr int64_t kRows = 8, kSeq = 12;
+constexpr int64_t kRows = 8, kSeq = 16;
 
 constexpr uint64_t kSeed = 7;
 
@@ -78,6 +80,16 @@ at::Tensor tokens_BT() {
   return at::randint(0, 40, {kRows, kSeq + 1}, at::detail::createCPUGenerator(3), at::TensorOptions().dtype(at::kLong));
 }
 
+// Document numbers [kRows, kSeq] for the global batch: row r packs documents that start at (r + 1) % 5 and then
+// every 5 + r tokens (some start inside a context chunk, some at a chunk's first token).
+at::Tensor documents_BT() {
+  at::Tensor documents = at::zeros({kRows, kSeq}, at::kLong);
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t t = 1; t < kSeq; ++t)
+      documents[r][t] = documents[r][t - 1].item<int64_t>() + ((t - (r + 1) % 5) % (5 + r) == 0 ? 1 : 0);
+  return documents;
+}
+
 // Sum of token cross entropies of `rows` over the whole batch's token count: summed over every device holding
 // distinct rows, the gradient of the global mean.
 at::Tensor scaled_loss(const at::Tensor& logits_BTV, const at::Tensor& targets_BT, double replicas) {
@@ -93,11 +105,14 @@ struct Reference {
   std::map<std::string, at::Tensor> grads;
 };
 
-// The single-device loss and gradients (a Mixtral's with its load-balancing loss's, as Hugging Face trains it).
-Reference single_device_reference(bool tied, bool moe, int64_t vocab_size) {
+// The single-device loss and gradients (a Mixtral's with its load-balancing loss's, as Hugging Face trains it),
+// with the documents of documents_BT() kept apart if `documents`.
+Reference single_device_reference(bool tied, bool moe, int64_t vocab_size, bool documents) {
   auto m = fresh_model(tied, moe, vocab_size);
   const at::Tensor t = tokens_BT();
-  at::Tensor loss = scaled_loss(m->forward(t.narrow(1, 0, kSeq)), t.narrow(1, 1, kSeq), 1);
+  at::Tensor loss =
+      documents ? m->loss_sum(t.narrow(1, 0, kSeq), t.narrow(1, 1, kSeq), documents_BT()) / double(kRows * kSeq)
+                : scaled_loss(m->forward(t.narrow(1, 0, kSeq)), t.narrow(1, 1, kSeq), 1);
   loss.backward();
   Reference ref;
   ref.loss = loss.item<double>();
@@ -110,11 +125,11 @@ Reference single_device_reference(bool tied, bool moe, int64_t vocab_size) {
   return ref;
 }
 
-// One forward/backward of the parallel model on `mesh` (batch rows over (data, fsdp, expert)); checks loss, every
-// full gradient and the norm against the single-device run.
+// One forward/backward of the parallel model on `mesh` (batch rows over (data, fsdp, expert), each row's tokens over
+// context in its load-balanced chunks); checks loss, every full gradient and the norm against the single-device run.
 void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool moe = false,
-                   int checkpoint_every = 0, int64_t vocab_size = 40) {
-  const Reference ref = single_device_reference(tied, moe, vocab_size);
+                   int checkpoint_every = 0, int64_t vocab_size = 40, bool documents = false) {
+  const Reference ref = single_device_reference(tied, moe, vocab_size, documents);
   std::mutex mutex;
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     ParallelOptions options;
@@ -124,8 +139,16 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool
     const std::vector<Axis> batch_axes{Axis::data, Axis::fsdp, Axis::expert};
     const int parts = mesh.size_along(batch_axes), part = mesh.index_along(ctx.device(), batch_axes);
     const at::Tensor rows = tokens_BT().chunk(parts, 0)[part];
-    const at::Tensor inputs = rows.narrow(1, 0, kSeq), targets = rows.narrow(1, 1, kSeq);
-    at::Tensor loss = pm.loss_sum(inputs, targets) / static_cast<double>(kRows * kSeq);
+    std::vector<at::Tensor> chunks;  // this device's positions of each row
+    for (const mesh::TokenRange& chunk : mesh::MeshRoles::context_chunks(
+             kSeq, mesh.size(Axis::context), mesh.index_along(ctx.device(), {Axis::context})))
+      chunks.push_back(at::arange(chunk.begin, chunk.end, at::kLong));
+    const at::Tensor positions = at::cat(chunks);
+    const at::Tensor inputs = rows.narrow(1, 0, kSeq).index_select(1, positions),
+                     targets = rows.narrow(1, 1, kSeq).index_select(1, positions);
+    const at::Tensor row_documents =
+        documents ? documents_BT().chunk(parts, 0)[part].index_select(1, positions) : at::Tensor();
+    at::Tensor loss = pm.loss_sum(inputs, targets, row_documents) / static_cast<double>(kRows * kSeq);
     loss.backward();
     pm.finish_backward();
     pm.synchronize_gradients();
@@ -149,9 +172,10 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool
   }));
 }
 
-mesh::Mesh ici(int data, int fsdp, int tensor, int hosts = 1, int expert = 1) {
-  const int devices = data * fsdp * tensor * expert;
-  return mesh::Mesh::create(axis_sizes(data, fsdp, tensor, expert), axis_sizes(1, 1, 1, 1), hosts, devices / hosts);
+mesh::Mesh ici(int data, int fsdp, int tensor, int hosts = 1, int expert = 1, int context = 1) {
+  const int devices = data * fsdp * tensor * expert * context;
+  return mesh::Mesh::create(axis_sizes(data, fsdp, tensor, expert, context), axis_sizes(1, 1, 1, 1), hosts,
+                            devices / hosts);
 }
 
 TEST(ParallelModelTest, OneDeviceMatchesTheModelWithoutCommunication) {
@@ -191,6 +215,29 @@ TEST(ParallelModelTest, HybridDataAndFsdpMatchesOneDevice) { expect_parity(ici(2
 TEST(ParallelModelTest, TensorParallelMatchesOneDevice) { expect_parity(ici(1, 1, 2), true); }
 TEST(ParallelModelTest, FsdpWithTensorParallelMatchesOneDevice) { expect_parity(ici(1, 2, 2, 2), true); }
 TEST(ParallelModelTest, TiedEmbeddingsUnderFsdpAndTensorMatchOneDevice) { expect_parity(ici(1, 2, 2), true, true); }
+
+TEST(ParallelModelTest, ContextParallelMatchesOneDevice) {
+  expect_parity(ici(1, 1, 1, 1, 1, 2), true);
+  expect_parity(ici(1, 1, 1, 2, 1, 4), true);
+}
+TEST(ParallelModelTest, ContextParallelWithDocumentsMatchesOneDevice) {
+  expect_parity(ici(1, 1, 1, 1, 1, 1), true, false, false, 0, 40, true);
+  expect_parity(ici(1, 1, 1, 1, 1, 2), true, false, false, 0, 40, true);
+  expect_parity(ici(1, 1, 1, 2, 1, 4), true, false, false, 0, 40, true);
+}
+TEST(ParallelModelTest, ContextWithFsdpAndCheckpointingMatchesOneDevice) {
+  expect_parity(ici(1, 2, 1, 2, 1, 2), true, false, false, 1, 40, true);
+  expect_parity(ici(1, 2, 1, 1, 1, 2), false, true);
+}
+TEST(ParallelModelTest, ContextWithDataAndTensorMatchesOneDevice) {
+  expect_parity(ici(2, 1, 1, 2, 1, 2), true, false, false, 0, 40, true);
+  expect_parity(ici(1, 1, 2, 1, 1, 2), true);
+}
+TEST(ParallelModelTest, ContextOverDcnWithFsdpMatchesOneDevice) {
+  expect_parity(mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 1, 1, 1, 2), 2, 2), true, false, false, 0,
+                40, true);
+}
+TEST(ParallelModelTest, ContextWithExpertMatchesOneDevice) { expect_parity(ici(1, 1, 1, 2, 2, 2), true, false, true); }
 
 TEST(ParallelModelTest, MultiSliceFsdpMatchesOneDevice) {
   expect_parity(mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 2, 1, 1), 2, 2), true);

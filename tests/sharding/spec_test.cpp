@@ -94,7 +94,7 @@ TEST(PartitionSpecTest, RejectsUnknownAxesAndEmptyEntries) {
 TEST(PartitionSpecTest, ReplicaAxesAreTheUnusedOnes) {
   PartitionSpec spec = PartitionSpec::parse("fsdp, None");
   spec.partial = {Axis::expert};
-  EXPECT_EQ(spec.replica_axes(), (std::vector<Axis>{Axis::data, Axis::tensor}));
+  EXPECT_EQ(spec.replica_axes(), (std::vector<Axis>{Axis::data, Axis::tensor, Axis::context}));
 }
 
 TEST(CheckSpecTest, NonDivisibleDimensionNamesDimensionSizeAxesAndProduct) {

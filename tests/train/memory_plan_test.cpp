@@ -67,6 +67,32 @@ TEST(MemoryPlanTest, MixtralExpertsSplitOverTheExpertAxis) {
   EXPECT_GT(plan_for(tiny, one).device.activations, dense.device.activations);
 }
 
+TEST(MemoryPlanTest, ContextParallelismSplitsEachRowsActivations) {
+  // llama-100m at 4096 tokens a row: with context=4 a device keeps a quarter of each row's activations, plus the
+  // whole rows' keys and values each layer gathered (12 layers x 4096 tokens x K and V of 4 heads x 64, fp32).
+  const std::vector<std::string> long_rows = {"model=llama-100m", "global_batch_size=8", "block_size=4096",
+                                              "model.max_position_embeddings=4096"};
+  const MemoryLayout whole{1, 1, 1, 1};
+  MemoryLayout split = whole;
+  split.context = 4;
+  const MemoryPlan one = plan_for(long_rows, whole), four = plan_for(long_rows, split);
+  EXPECT_EQ(four.device.parameters + four.device.optimizer, one.device.parameters + one.device.optimizer);
+  const int64_t gathered_keys_values = 12 * int64_t{4096} * 2 * (4 * 64) * 4;
+  EXPECT_GT(four.device.activations, one.device.activations / 4 + gathered_keys_values);
+  EXPECT_LT(four.device.activations, one.device.activations / 4 + 2 * gathered_keys_values);
+  EXPECT_NE(four.describe().find("each row's tokens split over context=4"), std::string::npos);
+  // The refusal offers it: a row of 16384 tokens per device does not fit 2.5 GB even with activation checkpointing
+  // and the state spread over 64x the hosts (more fsdp cannot split one row); split over context it does.
+  const std::vector<std::string> longer_rows = {"model=llama-100m", "global_batch_size=8", "block_size=16384",
+                                                "model.max_position_embeddings=16384"};
+  try {
+    check_memory_fits(settings_for(longer_rows), plan_for(longer_rows, whole), {int64_t{5} << 29, "test"});
+    FAIL() << "expected a refusal";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("(dcn_mesh.context="), std::string::npos) << e.what();
+  }
+}
+
 TEST(MemoryPlanTest, ActivationsFollowTheMicroBatchAndActivationCheckpointing) {
   const MemoryPlan whole = plan_for(k100m, {1, 1, 1, 8});
   const MemoryPlan halves = plan_for({"model=llama-100m", "block_size=128", "gradient_accumulation_steps=2"},

@@ -11,6 +11,7 @@
 #include "meshtrain/model/parameter_init.hpp"
 
 #include <cmath>
+#include <tuple>
 
 namespace meshtrain::model {
 
@@ -76,7 +77,10 @@ torch::Tensor rope_inverse_frequencies(const LlamaConfig& config) {
 RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len, torch::Dtype dtype) {
   torch::Tensor positions_T = torch::arange(seq_len, torch::kInt64).to(torch::kFloat32);
   torch::Tensor angles_TE = torch::outer(positions_T, inverse_frequencies).repeat({1, 2});
-  return {angles_TE.cos().to(dtype), angles_TE.sin().to(dtype)};
+  RopeTables tables;
+  tables.cos = angles_TE.cos().to(dtype);
+  tables.sin = angles_TE.sin().to(dtype);
+  return tables;
 }
 
 torch::Tensor positions_in_documents(const torch::Tensor& documents_BT) {
@@ -123,6 +127,14 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x_BTD, const RopeTabl
   const int64_t H = q_BHTE.size(1), K = k_BKSE.size(1);
   MT_CHECK(H == K * G, "attention: {} local query heads do not match {} key/value heads x {} per group", H, K, G);
   MT_CHECK(!cache || !rope.documents_BT.defined(), "attention: decoding with a KV cache keeps one document per row");
+  MT_CHECK(!cache || !rope.exchange, "attention: decoding with a KV cache holds whole rows");
+  if (rope.exchange) {  // context parallelism: this device's queries against the whole rows' keys
+    std::tie(k_BKSE, v_BKSE) = rope.exchange->gather_keys_values(k_BKSE, v_BKSE);
+    const int64_t S = k_BKSE.size(2);
+    AttentionMask mask{rope.positions_T, torch::arange(S, torch::kInt64), rope.documents_BT, rope.key_documents_BS};
+    const torch::Tensor out_BHTE = flash_attention(q_BHTE, k_BKSE, v_BKSE, mask).out_BHTE;
+    return o_proj->forward(out_BHTE.transpose(1, 2).reshape({B, T, H * E}));
+  }
   if (cache) {  // the keys and values of every position so far: S = first_position + T
     cache->keys_BKCE.narrow(2, first_position, T).copy_(k_BKSE);
     cache->values_BKCE.narrow(2, first_position, T).copy_(v_BKSE);
@@ -223,8 +235,36 @@ RopeTables LlamaForCausalLM::rope_for(const torch::Tensor& documents_BT) {
   const int64_t B = documents_BT.size(0), T = documents_BT.size(1);
   const RopeTables& tables = rope_for(T);
   const torch::Tensor positions_N = positions_in_documents(documents_BT).reshape({-1});
-  return {tables.cos.index_select(0, positions_N).view({B, T, -1}),
-          tables.sin.index_select(0, positions_N).view({B, T, -1}), documents_BT};
+  RopeTables rope;
+  rope.cos = tables.cos.index_select(0, positions_N).view({B, T, -1});
+  rope.sin = tables.sin.index_select(0, positions_N).view({B, T, -1});
+  rope.documents_BT = documents_BT;
+  return rope;
+}
+
+RopeTables LlamaForCausalLM::rope_for_chunks(int64_t T, const torch::Tensor& documents_BT) {
+  ContextExchange& exchange = *context_exchange_;
+  const int64_t S = exchange.row_length(T);
+  MT_USER_CHECK(S <= config_.max_position_embeddings, "rows of {} tokens exceed max_position_embeddings {}", S,
+                config_.max_position_embeddings);
+  const RopeTables& tables = rope_for(S);
+  RopeTables rope;
+  rope.exchange = &exchange;
+  rope.positions_T = exchange.positions(T);
+  if (!documents_BT.defined()) {
+    rope.cos = tables.cos.index_select(0, rope.positions_T);
+    rope.sin = tables.sin.index_select(0, rope.positions_T);
+    return rope;
+  }
+  // Positions in documents need the whole rows: a document may start in another device's chunk.
+  const int64_t B = documents_BT.size(0);
+  rope.documents_BT = documents_BT;
+  rope.key_documents_BS = exchange.gather_rows(documents_BT);
+  const torch::Tensor positions_N =
+      positions_in_documents(rope.key_documents_BS).index_select(1, rope.positions_T).reshape({-1});
+  rope.cos = tables.cos.index_select(0, positions_N).view({B, T, -1});
+  rope.sin = tables.sin.index_select(0, positions_N).view({B, T, -1});
+  return rope;
 }
 
 torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT) {
@@ -248,7 +288,9 @@ torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD, const tor
     MT_CHECK(documents_BT.scalar_type() == torch::kInt64 && documents_BT.sizes() == x_BTD.sizes().slice(0, 2),
              "document numbers must be int64 [B, T] like the tokens, got {} {}",
              c10::toString(documents_BT.scalar_type()), c10::str(documents_BT.sizes()));
-  const RopeTables rope = documents_BT.defined() ? rope_for(documents_BT) : rope_for(x_BTD.size(1));
+  const RopeTables rope = context_exchange_       ? rope_for_chunks(x_BTD.size(1), documents_BT)
+                          : documents_BT.defined() ? rope_for(documents_BT)
+                                                   : rope_for(x_BTD.size(1));
   torch::Tensor y_BTD = x_BTD;
   for (size_t i = 0; i < model->layers.size(); ++i) {
     LlamaDecoderLayer& layer = *model->layers[i];

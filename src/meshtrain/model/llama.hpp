@@ -8,7 +8,8 @@
 // one is an fp32 GEMM of the bf16 values. Attention is model/flash_attention.hpp's kernel (fp32 products and softmax).
 //
 // Shape suffixes: B batch, T sequence (positions), D hidden_size, V vocab, H query heads (local), K key/value heads
-// (local), G query heads per key/value head (H = K*G), E head_dim, F intermediate_size, S key positions (= T).
+// (local), G query heads per key/value head (H = K*G), E head_dim, F intermediate_size, S key positions (= T, or the
+// whole row's with context parallelism).
 #pragma once
 
 #include "meshtrain/config/llama_config.hpp"
@@ -17,6 +18,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace meshtrain::model {
@@ -77,16 +79,42 @@ class RMSNorm : public torch::nn::Module {
 // computed as Hugging Face's `_compute_llama3_parameters` does.
 torch::Tensor rope_inverse_frequencies(const LlamaConfig& config);
 
+// Context parallelism, seen from the model: this device holds some chunks of each row (T of the row's S tokens), and
+// the attention needs the keys and values of the whole rows. A parallelizer implements it
+// (parallel/context_parallel.hpp: it communicates); the model only calls it.
+class ContextExchange {
+ public:
+  virtual ~ContextExchange() = default;
+  // The row positions of this device's T tokens, int64 [T] (its chunks, in the order it holds them).
+  virtual torch::Tensor positions(int64_t T) = 0;
+  // S, the length of the whole rows when this device holds T tokens of each.
+  virtual int64_t row_length(int64_t T) const = 0;
+  // The whole rows [B, S], in row order, of a per-token tensor [B, T] every device passes its part of (not
+  // differentiable: document numbers).
+  virtual torch::Tensor gather_rows(const torch::Tensor& x_BT) = 0;
+  // The whole rows' keys and values [B, K, S, E] each, in row order, from this device's [B, K, T, E]; differentiable
+  // (each device's keys and values get the gradients of every device's attention to them).
+  virtual std::pair<torch::Tensor, torch::Tensor> gather_keys_values(const torch::Tensor& k_BKTE,
+                                                                     const torch::Tensor& v_BKTE) = 0;
+};
+
 // What attention needs to know of a batch's positions: the rotary tables in HF's rotate-half layout (each frequency
-// twice: [f, f]) and, with documents kept apart (data.document_mask), each token's document.
+// twice: [f, f]), with documents kept apart (data.document_mask) each token's document, and with context parallelism
+// where this device's tokens sit in their rows.
 struct RopeTables {
-  // [T, E] for positions 0..T-1 of every row; or, with documents, [B, T, E] for each token's position in its
-  // document (the positions restart at each document start).
+  // [T, E] for positions 0..T-1 of every row (for the row positions of this device's tokens with context
+  // parallelism); or, with documents, [B, T, E] for each token's position in its document (the positions restart at
+  // each document start).
   torch::Tensor cos;
   torch::Tensor sin;
-  // int64 [B, T], non-decreasing along each row: a token attends only to earlier tokens of the same number.
-  // Undefined: each row is one sequence.
+  // int64 [B, T], non-decreasing along each row (of whole rows): a token attends only to earlier tokens of the same
+  // number. Undefined: each row is one sequence.
   torch::Tensor documents_BT;
+  // Context parallelism (null `exchange`: this device holds whole rows): the row positions of this device's tokens
+  // (int64 [T]), and with documents the whole rows' document numbers [B, S] (the keys').
+  ContextExchange* exchange = nullptr;
+  torch::Tensor positions_T;
+  torch::Tensor key_documents_BS;
 };
 RopeTables rope_tables(const torch::Tensor& inverse_frequencies, int64_t seq_len, torch::Dtype dtype);
 // Each token's position in its document: t minus the index of its document's first token in the row, for document
@@ -210,6 +238,9 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   void set_compute_dtype(torch::Dtype dtype);  // kFloat32 (default) or kBFloat16
   torch::Dtype compute_dtype() const { return compute_dtype_; }
   void set_layer_runner(LayerRunner runner) { layer_runner_ = std::move(runner); }
+  // Context parallelism: the tokens given to the forward passes are chunks of rows, whose keys and values `exchange`
+  // gathers (it must outlive the model's use; null: whole rows, the default).
+  void set_context_exchange(ContextExchange* exchange) { context_exchange_ = exchange; }
   // A Mixtral's routing of the current forward pass (null for a dense Llama): embed() starts it, hidden_states()
   // closes it on this device alone; a parallelizer that runs the stages itself closes it over the batch.
   const std::shared_ptr<RouterStats>& router_stats() const { return router_stats_; }
@@ -229,11 +260,14 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   const RopeTables& rope_for(int64_t seq_len);
   // The tables of `documents_BT`'s positions (rope_for's without documents).
   RopeTables rope_for(const torch::Tensor& documents_BT);
+  // The tables of this device's T tokens of each row with context parallelism (documents_BT optional).
+  RopeTables rope_for_chunks(int64_t T, const torch::Tensor& documents_BT);
 
   LlamaConfig config_;
   std::shared_ptr<RouterStats> router_stats_;
   torch::Dtype compute_dtype_ = torch::kFloat32;
   LayerRunner layer_runner_;
+  ContextExchange* context_exchange_ = nullptr;
   torch::Tensor inverse_frequencies_;
   RopeTables rope_cache_;  // for the longest T seen so far, in compute_dtype_
 };

@@ -152,13 +152,22 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["cos"] = rope.cos;
     ctx->saved_data["sin"] = rope.sin;
     ctx->saved_data["documents"] = rope.documents_BT;
+    ctx->saved_data["exchange"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(rope.exchange));
+    ctx->saved_data["positions"] = rope.positions_T;
+    ctx->saved_data["key_documents"] = rope.key_documents_BS;
     ctx->save_for_backward({x_BTD});
     return layer->forward(x_BTD, rope);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* layer = reinterpret_cast<model::LlamaDecoderLayer*>(static_cast<intptr_t>(ctx->saved_data["layer"].toInt()));
-    const model::RopeTables rope{ctx->saved_data["cos"].toTensor(), ctx->saved_data["sin"].toTensor(),
-                                 ctx->saved_data["documents"].toTensor()};
+    model::RopeTables rope;
+    rope.cos = ctx->saved_data["cos"].toTensor();
+    rope.sin = ctx->saved_data["sin"].toTensor();
+    rope.documents_BT = ctx->saved_data["documents"].toTensor();
+    rope.exchange =
+        reinterpret_cast<model::ContextExchange*>(static_cast<intptr_t>(ctx->saved_data["exchange"].toInt()));
+    rope.positions_T = ctx->saved_data["positions"].toTensor();
+    rope.key_documents_BS = ctx->saved_data["key_documents"].toTensor();
     const at::Tensor x_BTD = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::Tensor y_BTD;
     {
@@ -202,7 +211,11 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
       expert_comm_(ctx.over(mesh::Axis::expert)),
       dense_gradient_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).dense_gradient_axes())),
       expert_gradient_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).expert_gradient_axes())),
-      batch_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).batch_axes())) {
+      batch_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).token_axes())) {
+  if (mesh::MeshRoles(ctx.mesh()).context_split()) {
+    context_ = std::make_unique<ContextParallel>(ctx.over(mesh::Axis::context));
+    model_->set_context_exchange(context_.get());
+  }
   apply_tensor_parallel(*model_, tensor_comm_);
   apply_expert_parallel(*model_, expert_comm_);
   for (const auto& layer : model_->model->layers)
@@ -509,10 +522,10 @@ void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_
   const mesh::Mesh& mesh = ctx_.mesh();
   const std::vector<mesh::Axis> all_axes(mesh::kAllAxes.begin(), mesh::kAllAxes.end());
   const int fsdp_size = fsdp_comm_.size(), tensor_size = tensor_comm_.size();
-  // The world rank of the device of data replica 0 at (fsdp f, tensor t, expert x): it holds shard f of tensor block
-  // t (of expert x's experts, for an expert's parameter).
+  // The world rank of the device of data (and context) replica 0 at (fsdp f, tensor t, expert x): it holds shard f
+  // of tensor block t (of expert x's experts, for an expert's parameter).
   mesh::Coords coords = ctx_.info().coords;
-  for (mesh::Axis a : {mesh::Axis::data, mesh::Axis::expert}) coords[static_cast<int>(a)] = 0;
+  for (mesh::Axis a : {mesh::Axis::data, mesh::Axis::expert, mesh::Axis::context}) coords[static_cast<int>(a)] = 0;
   auto holder = [&](int f, int t, int x) {
     mesh::Coords c = coords;
     c[static_cast<int>(mesh::Axis::fsdp)] = f;

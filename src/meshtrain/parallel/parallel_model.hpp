@@ -1,6 +1,7 @@
 // parallel_model.hpp — ParallelModel: a single-device Llama (or Mixtral) made SPMD over the mesh from outside:
-// tensor parallelism over `tensor`, FSDP over `fsdp`, data parallelism over `data` (hybrid with fsdp > 1), and expert
-// parallelism over `expert`, which outside the experts splits the batch rows like `data`. What each device holds and
+// tensor parallelism over `tensor`, FSDP over `fsdp`, data parallelism over `data` (hybrid with fsdp > 1), expert
+// parallelism over `expert`, which outside the experts splits the batch rows like `data`, and context parallelism
+// over `context`, which splits each row's tokens (parallel/context_parallel.hpp). What each device holds and
 // where each call communicates: docs/parallelism.md.
 //
 // Every device builds the same model, its parameters allocated but never written, and hands it here with the source
@@ -12,6 +13,7 @@
 
 #include "meshtrain/mesh/mesh_roles.hpp"
 #include "meshtrain/model/llama.hpp"
+#include "meshtrain/parallel/context_parallel.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
 #include "meshtrain/runtime/device_context.hpp"
 #include "meshtrain/settings/settings.hpp"
@@ -46,8 +48,8 @@ class ParallelModel {
                 const model::SliceSource& values);
 
   model::LlamaForCausalLM& model() { return *model_; }
-  // The devices that hold other rows of the batch: (data, fsdp), and expert when the mesh has expert > 1 (the sums
-  // of losses and routing statistics run over it).
+  // The devices that hold other tokens of the batch (mesh::MeshRoles::token_axes: (data, fsdp), expert when the mesh
+  // has expert > 1, context when it has context > 1): the sums of losses and routing statistics run over it.
   runtime::Comm& batch_comm() { return batch_comm_; }
   // (A Mixtral's routing of the last loss_sum, over the global batch: model().router_stats().)
 
@@ -117,6 +119,7 @@ class ParallelModel {
   runtime::Comm& dense_gradient_comm_;
   runtime::Comm& expert_gradient_comm_;
   runtime::Comm& batch_comm_;
+  std::unique_ptr<ContextParallel> context_;  // context > 1: the model's ContextExchange
   // Every parameter of the whole model in unit order, the same on every device: where its pieces are (the unit and
   // member; an expert's member is the one at the same place among the local experts of its holder, who has
   // expert coordinate `expert_holder`, 0 for the other parameters).

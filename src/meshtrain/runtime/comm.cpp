@@ -25,6 +25,7 @@ const char* collective_name(Collective kind) {
     case Collective::all_to_all: return "all_to_all";
     case Collective::barrier: return "barrier";
     case Collective::point_to_point: return "point_to_point";
+    case Collective::kv_exchange: return "kv_exchange";
   }
   return "?";
 }
@@ -451,17 +452,20 @@ void Comm::allreduce_sum(at::Tensor& tensor) {
   run(Collective::allreduce, payload_bytes(tensor), [&] { backend_->allreduce_sum(tensor); });
 }
 
-at::Tensor Comm::allgather(const at::Tensor& local, const at::Tensor& into) {
-  return allgather_async(local, into).wait();
+at::Tensor Comm::allgather(const at::Tensor& local, const at::Tensor& into, Collective counted_as) {
+  return allgather_async(local, into, counted_as).wait();
 }
 
-PendingCollective Comm::allgather_async(const at::Tensor& local, const at::Tensor& into) {
-  return allgather_async(local, [into, options = local.options()](c10::IntArrayRef shape) {
-    return into.defined() ? into : at::empty(shape, options);
-  });
+PendingCollective Comm::allgather_async(const at::Tensor& local, const at::Tensor& into, Collective counted_as) {
+  return allgather_async(
+      local, [into, options = local.options()](c10::IntArrayRef shape) {
+        return into.defined() ? into : at::empty(shape, options);
+      },
+      counted_as);
 }
 
-PendingCollective Comm::allgather_async(const at::Tensor& local, const MakeDestination& make_into) {
+PendingCollective Comm::allgather_async(const at::Tensor& local, const MakeDestination& make_into,
+                                       Collective counted_as) {
   MT_CHECK(local.dim() >= 1, "allgather over {} needs a tensor with at least one dimension", label_);
   std::vector<int64_t> gathered_shape = local.sizes().vec();
   gathered_shape[0] *= size();
@@ -472,7 +476,7 @@ PendingCollective Comm::allgather_async(const at::Tensor& local, const MakeDesti
              c10::toString(dtype), c10::str(c10::IntArrayRef(gathered_shape)));
     return into;
   };
-  return start(Collective::allgather, payload_bytes(local), [&] { return backend_->start_allgather(local, destination); });
+  return start(counted_as, payload_bytes(local), [&] { return backend_->start_allgather(local, destination); });
 }
 
 PendingCollective Comm::start(Collective kind, int64_t bytes,
@@ -514,16 +518,17 @@ void Comm::broadcast(at::Tensor& tensor, int root) {
   run(Collective::broadcast, payload_bytes(tensor), [&] { backend_->broadcast(tensor, root); });
 }
 
-at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input) { return reduce_scatter_sum_async(input).wait(); }
+at::Tensor Comm::reduce_scatter_sum(const at::Tensor& input, Collective counted_as) {
+  return reduce_scatter_sum_async(input, counted_as).wait();
+}
 
-PendingCollective Comm::reduce_scatter_sum_async(const at::Tensor& input) {
+PendingCollective Comm::reduce_scatter_sum_async(const at::Tensor& input, Collective counted_as) {
   const int n = size();
   MT_CHECK(input.dim() >= 1 && input.size(0) % n == 0,
            "reduce_scatter over {}: dim 0 ({}) must be a multiple of the group size {}", label_,
            input.dim() ? input.size(0) : 0, n);
   // Summed in rank order, so the result is the same whatever the network did.
-  return start(Collective::reduce_scatter, payload_bytes(input),
-               [&] { return backend_->start_reduce_scatter_sum(input); });
+  return start(counted_as, payload_bytes(input), [&] { return backend_->start_reduce_scatter_sum(input); });
 }
 
 at::Tensor Comm::all_to_all(const at::Tensor& input) {

@@ -39,8 +39,12 @@ using C10dGroup = c10d::ProcessGroup;
 #endif
 
 // point_to_point: Comm::exchange (sends and receives between chosen ranks), counted with the bytes sent.
-enum class Collective : int { allreduce = 0, allgather, broadcast, reduce_scatter, all_to_all, barrier, point_to_point };
-constexpr int kNumCollectives = 7;
+// kv_exchange: context parallelism's gathers of keys, values and document numbers and the reduce-scatters of the
+// keys' and values' gradients (parallel/context_parallel.hpp), counted apart from the other gathers.
+enum class Collective : int {
+  allreduce = 0, allgather, broadcast, reduce_scatter, all_to_all, barrier, point_to_point, kv_exchange
+};
+constexpr int kNumCollectives = 8;
 const char* collective_name(Collective kind);
 
 // Calls, payload bytes (the local tensor's bytes as passed in) and wall time spent inside the call, per collective
@@ -157,22 +161,27 @@ class Comm {
   void allreduce_sum(at::Tensor& tensor);
   // Concatenation of every rank's `local` along dim 0, in rank order: [size * n, ...], written into `into` when
   // given (a contiguous tensor of that shape and local's dtype: no buffer of the result's size allocated here).
-  at::Tensor allgather(const at::Tensor& local, const at::Tensor& into = {});
+  // Counted as `counted_as` (an allgather unless said otherwise).
+  at::Tensor allgather(const at::Tensor& local, const at::Tensor& into = {},
+                       Collective counted_as = Collective::allgather);
   // The same, started now and finished by wait() (every rank must start it at the same point of its sequence).
-  PendingCollective allgather_async(const at::Tensor& local, const at::Tensor& into = {});
+  PendingCollective allgather_async(const at::Tensor& local, const at::Tensor& into = {},
+                                    Collective counted_as = Collective::allgather);
   // The same into the tensor make_into(shape) returns, asked for when the transport first writes to it: at once over
   // Gloo, at wait() between the devices of one host (LocalGroup), so that a gather started early (an FSDP prefetch)
   // holds no buffer of the result's size before it is needed.
   using MakeDestination = std::function<at::Tensor(c10::IntArrayRef shape)>;
-  PendingCollective allgather_async(const at::Tensor& local, const MakeDestination& make_into);
+  PendingCollective allgather_async(const at::Tensor& local, const MakeDestination& make_into,
+                                    Collective counted_as = Collective::allgather);
   // Root's tensor everywhere, in place.
   void broadcast(at::Tensor& tensor, int root);
   // `input` is [size * n, ...]: rank r receives the sum over ranks of chunk r, [n, ...]. Summed in rank order,
-  // so the result does not depend on arrival order (exact and reproducible).
-  at::Tensor reduce_scatter_sum(const at::Tensor& input);
+  // so the result does not depend on arrival order (exact and reproducible). Counted as `counted_as`.
+  at::Tensor reduce_scatter_sum(const at::Tensor& input, Collective counted_as = Collective::reduce_scatter);
   // The same, started now and finished by wait() (every rank must start it at the same point of its sequence;
   // `input` must not change until then).
-  PendingCollective reduce_scatter_sum_async(const at::Tensor& input);
+  PendingCollective reduce_scatter_sum_async(const at::Tensor& input,
+                                             Collective counted_as = Collective::reduce_scatter);
   // `input` is [size * n, ...]: chunk j goes to rank j; the result holds the chunks received, in rank order.
   at::Tensor all_to_all(const at::Tensor& input);
   void barrier();

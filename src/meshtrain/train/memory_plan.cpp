@@ -30,6 +30,7 @@ MemoryLayout memory_layout(const settings::Settings& settings, const mesh::Mesh&
   layout.fsdp = mesh.size(mesh::Axis::fsdp);
   layout.tensor = mesh.size(mesh::Axis::tensor);
   layout.expert = mesh.size(mesh::Axis::expert);
+  layout.context = mesh.size(mesh::Axis::context);
   layout.devices_per_host = mesh.devices_per_host();
   for (int member : mesh.group_of(0, {mesh::Axis::fsdp}))
     if (member != 0 && mesh.device(member).host == mesh.device(0).host) ++layout.fsdp_on_host;
@@ -60,7 +61,9 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   d.gradients = d.parameters;
   // The moments (the update's scratch is a chunk: AdamW::kChunkElements).
   d.optimizer = 2 * d.parameters;
-  const int64_t tokens = layout.rows_per_device / std::max<int64_t>(1, settings.gradient_accumulation_steps) * T;
+  // This device's tokens of one micro-batch: its rows' chunks with context parallelism (T / context of each row).
+  const int64_t micro_rows = layout.rows_per_device / std::max<int64_t>(1, settings.gradient_accumulation_steps);
+  const int64_t tokens = micro_rows * T / std::max(1, layout.context);
   if (layout.fsdp > 1) {
     // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward
     // (a bf16 gather also lands in a bf16 buffer first); one layer running, the next one prefetched and one layer's
@@ -104,7 +107,9 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   const int64_t per_token_layer =
       c * (8 * D + (5 * q_out + 7 * kv_out + 4 * k * F) / tp) + moe_rows +
       model::kFlashSavedBytesPerQueryHead * (H / tp);
-  const int64_t layer_activations = tokens * per_token_layer;
+  // With context parallelism a layer also keeps the whole rows' keys and values it gathered (context_parallel.hpp).
+  const int64_t gathered_keys_values = layout.context > 1 ? micro_rows * T * 2 * (kv_out / tp) * c : 0;
+  const int64_t layer_activations = tokens * per_token_layer + gathered_keys_values;
   const int every = settings.parallel.checkpoint_every;
   if (every == 0) {
     d.activations = L * layer_activations;
@@ -113,8 +118,14 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
     d.activations = checkpointed * tokens * D * c + (L - checkpointed) * layer_activations + layer_activations;
   }
   d.activations += 4 * tokens * D * c;  // the embedding output and the final norm
-  // One layer's attention backward at a time: its fp32 working copies.
+  // One layer's attention backward at a time: its fp32 working copies; with context parallelism the keys of the other
+  // devices' tokens too (k, v plain and by tiles, their gradients: 6 fp32 copies) and the whole rows' K/V gradients
+  // reduce-scattered in fp32 (the stacked gradients and their rank-order copy).
   d.activations += tokens * model::flash_attention_backward_bytes_per_position(H / tp, K / tp, m.head_dim);
+  if (layout.context > 1) {
+    const int64_t key_bytes = (K / tp) * m.head_dim * 4, other_keys = micro_rows * T - tokens;
+    d.activations += other_keys * key_bytes * 6 + micro_rows * T * key_bytes * 2 * 2;
+  }
   // The fused head loss (model/fused_cross_entropy.hpp): kept from forward to backward, the hidden states' gradient
   // and this device's shard of the head weight's fp32 gradient (reduce-scattered in forward; all of it at fsdp=1);
   // one chunk of logits with its gradient at a time.
@@ -131,7 +142,9 @@ std::string MemoryPlan::describe() const {
       gigabytes(d.parameters), gigabytes(d.gradients), gigabytes(d.optimizer),
       layout.fsdp > 1 ? "FSDP gathers" : "autograd gradients and weight copies", gigabytes(d.gathered),
       gigabytes(d.activations), gigabytes(d.logits), gigabytes(d.total()), layout.rows_per_device,
-      layout.devices_per_host, layout.expert > 1 ? fmt::format(", each layer's experts split over expert={}", layout.expert) : "",
+      layout.devices_per_host,
+      (layout.expert > 1 ? fmt::format(", each layer's experts split over expert={}", layout.expert) : "") +
+          (layout.context > 1 ? fmt::format(", each row's tokens split over context={}", layout.context) : ""),
       layout.devices_per_host, gigabytes(kProcessBytes), gigabytes(host_total()));
 }
 
@@ -165,6 +178,17 @@ void check_memory_fits(const settings::Settings& settings, const MemoryPlan& pla
     if (settings.parallel.checkpoint_every != 1)
       options.push_back({change + " with activation_checkpointing=full", plan_memory(full, wider)});
   }
+  // Each row's tokens split over more hosts (context parallelism): fewer tokens per device, the same state.
+  for (int times = 2; times <= 16; times *= 2) {
+    MemoryLayout wider = plan.layout;
+    wider.context *= times;
+    if (settings.block_size % (2 * wider.context) != 0) break;
+    const std::string change =
+        fmt::format("context={} over {}x the hosts (dcn_mesh.context={})", wider.context, times, times);
+    options.push_back({change, plan_memory(settings, wider)});
+    if (settings.parallel.checkpoint_every != 1)
+      options.push_back({change + " with activation_checkpointing=full", plan_memory(full, wider)});
+  }
   std::vector<std::string> fitting;
   const Option* smallest = &options.front();
   for (const Option& o : options) {
@@ -173,8 +197,8 @@ void check_memory_fits(const settings::Settings& settings, const MemoryPlan& pla
       fitting.push_back(fmt::format("{} ({} per host)", o.change, gigabytes(o.plan.host_total())));
   }
   const std::string advice =
-      fitting.empty() ? fmt::format("none of activation checkpointing, gradient accumulation or up to 64x the fsdp "
-                                    "fits; the smallest is {} at {} per host ({} of it activations and logits per "
+      fitting.empty() ? fmt::format("none of activation checkpointing, gradient accumulation, up to 64x the fsdp "
+                                    "or 16x the context fits; the smallest is {} at {} per host ({} of it activations and logits per "
                                     "device: a shorter block_size shrinks those)",
                                     smallest->change, gigabytes(smallest->plan.host_total()),
                                     gigabytes(smallest->plan.device.activations + smallest->plan.device.logits))

@@ -25,6 +25,7 @@ struct MemoryLayout {
   int64_t rows_per_device = 1;  // of one global batch (before gradient accumulation splits them)
   int expert = 1;               // a Mixtral's experts split over this many devices
   int fsdp_on_host = 1;         // members of a device's fsdp group on its host (how its reduce-scatters travel)
+  int context = 1;              // each row's tokens split over this many devices (context parallelism)
 };
 
 struct DeviceMemory {

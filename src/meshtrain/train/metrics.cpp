@@ -184,6 +184,7 @@ void MetricsLogger::write_line(const StepMetrics& m) {
       line["dropped_fraction"] = m.routing->dropped_fraction;
       line["alltoall_s"] = m.routing->alltoall_seconds;
     }
+    if (m.kv_exchange_seconds) line["kv_exchange_s"] = *m.kv_exchange_seconds;
     append_json_line(line);
   }
   if (events_) {
@@ -198,6 +199,7 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                                                            {"time/comm_s", comm_s},
                                                            {"memory/peak_rss_gb", peak_rss_gb}};
     if (peak_known) scalars.emplace_back("throughput/mfu", mfu);
+    if (m.kv_exchange_seconds) scalars.emplace_back("time/kv_exchange_s", *m.kv_exchange_seconds);
     if (m.routing)
       for (const auto& [tag, value] : {std::pair<std::string, double>{"moe/aux_loss", m.routing->aux_loss},
                                        {"moe/expert_load_max_over_mean", m.routing->max_over_mean()},

@@ -46,6 +46,8 @@ struct StepMetrics {
     double max_over_mean() const;
   };
   std::optional<Routing> routing;
+  // Context parallelism: the time device 0 spent in the step's K/V exchange (gathers and gradient reduce-scatters).
+  std::optional<double> kv_exchange_seconds;
 };
 
 struct EvalMetrics {

@@ -8,6 +8,7 @@
 #include "meshtrain/common/heap.hpp"
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/log.hpp"
+#include "meshtrain/mesh/mesh_roles.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/moe.hpp"
@@ -45,7 +46,8 @@ std::map<std::string, int64_t> collective_bytes(const runtime::CollectiveCounter
           {"reduce_scatter", counters.bytes(Collective::reduce_scatter)},
           {"allreduce", counters.bytes(Collective::allreduce)},
           {"alltoall", counters.bytes(Collective::all_to_all)},
-          {"broadcast", counters.bytes(Collective::broadcast)}};
+          {"broadcast", counters.bytes(Collective::broadcast)},
+          {"kv_exchange", counters.bytes(Collective::kv_exchange)}};
 }
 
 // The batch's document numbers as the model takes them (int64), undefined without data.document_mask.
@@ -238,6 +240,7 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   const runtime::CollectiveCounters& counters = ctx_.counters();
   const double comm_before = counters.total_seconds();
   const double alltoall_before = counters.seconds(runtime::Collective::all_to_all);
+  const double kv_exchange_before = counters.seconds(runtime::Collective::kv_exchange);
   const std::map<std::string, int64_t> bytes_before = collective_bytes(counters);
   const int64_t global_tokens = settings_.tokens_per_step();
   const int64_t micro_batches = settings_.gradient_accumulation_steps;
@@ -297,6 +300,8 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   metrics.flops_per_token = static_cast<double>(settings_.model.training_flops_per_token(settings_.block_size));
   if (routing) routing->alltoall_seconds = counters.seconds(runtime::Collective::all_to_all) - alltoall_before;
   metrics.routing = routing;
+  if (mesh::MeshRoles(ctx_.mesh()).context_split())
+    metrics.kv_exchange_seconds = counters.seconds(runtime::Collective::kv_exchange) - kv_exchange_before;
   metrics.comm_bytes = collective_bytes(counters);
   for (auto& [kind, bytes] : metrics.comm_bytes) bytes -= bytes_before.at(kind);
   return metrics;
