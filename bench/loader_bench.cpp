@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
   auto loader_rate = [&](int loader_threads) {
     std::vector<double> rates, reads;
     for (int run = 0; run <= runs; ++run) {
-      data::HostLoader loader(dataset, sampler, plan.rows, {0, 0}, {prefetch, loader_threads, 1});
+      data::HostLoader loader(dataset, sampler, plan.rows, plan.pieces, {0, 0}, {prefetch, loader_threads, 1});
       for (int n = 0; n < 2; ++n) loader.take(n);  // threads started, first reads done
       double read_seconds = 0;
       const double seconds = seconds_of([&] {

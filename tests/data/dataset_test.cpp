@@ -1,7 +1,8 @@
 // dataset_test.cpp — TokenDataset checks every id it hands on against the vocabulary: a shard whose index understates
 // its largest id (its checksums intact, so nothing else notices when checksums are computed on first read) fails at
 // the sample that holds the id, naming the shard, the sample and the id. And each sample's document numbers, across
-// document and shard boundaries.
+// document and shard boundaries; and a token range of a sample (context parallelism's chunks) reads the same tokens
+// and document numbers as the whole sample at those positions.
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/token_shards/shard_writer.hpp"
@@ -82,6 +83,27 @@ TEST(TokenDatasetTest, DocumentNumbersCountTheDocumentStartsInASample) {
         ASSERT_EQ(documents[t], document_at(first + t) - document_at(first))
             << "block_size " << block_size << " sample " << id << " token " << t;
     }
+  }
+}
+
+TEST(TokenDatasetTest, ATokenRangeReadsTheWholeSamplesTokensAndDocumentNumbersAtItsPositions) {
+  testing::ScratchDir scratch("dataset_ranges");
+  testing::write_counting_shards(scratch.path(), {100, 50, 90});  // documents start at 0, 37, 74 | 100, 137 | 150, ...
+  const int64_t block_size = 40;
+  const TokenDataset dataset(scratch.path(), block_size);
+  std::vector<int32_t> tokens(block_size + 1), documents(block_size), part(block_size + 1);
+  for (int64_t id = 0; id < dataset.num_samples(); ++id) {
+    dataset.read_sample(id, tokens.data());
+    dataset.read_sample_documents(id, documents.data());
+    for (int64_t begin = 0; begin < block_size; begin += 5)
+      for (int64_t end : {begin + 1, begin + 5, block_size}) {
+        if (end > block_size) continue;
+        const std::string where = fmt::format("sample {} tokens {}:{}", id, begin, end);
+        dataset.read_sample(id, {begin, end + 1}, part.data());  // with the label token after it
+        for (int64_t t = begin; t <= end; ++t) ASSERT_EQ(part[t - begin], tokens[t]) << where;
+        dataset.read_sample_documents(id, {begin, end}, part.data());
+        for (int64_t t = begin; t < end; ++t) ASSERT_EQ(part[t - begin], documents[t]) << where << " document";
+      }
   }
 }
 

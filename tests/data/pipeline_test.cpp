@@ -1,14 +1,16 @@
 // pipeline_test.cpp — the data path end to end on simulated jobs (every host's pipeline and one thread per device in
 // this process: tests/simulated_devices.hpp): over whole epochs and several meshes, every sample is read once
 // per epoch, the global batches are the sampler's on every mesh, replicas are identical, the device loader calls no
-// collective, resume continues with the same batches on another mesh, and mismatched states are refused.
-// Also the dataset, the read plan, the instrumentation lines and the config errors.
+// collective, resume continues with the same batches on another mesh, and mismatched states are refused. With the
+// sequence over context (load-balanced order), every device's tile equals the same positions of the batch without
+// context. Also the dataset, the read plan (rows and token ranges), the instrumentation lines and the config errors.
 //
-// Legend: B = global_batch_size rows, T = block_size tokens.
+// Legend: B = global_batch_size rows, T = block_size tokens, S = a device's or host's tokens of a row.
 #include "data/data_test_support.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/data/host_loader.hpp"
 #include "meshtrain/data/pipeline.hpp"
+#include "meshtrain/mesh/mesh_roles.hpp"
 #include "scratch_dir.hpp"
 #include "simulated_devices.hpp"
 
@@ -16,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -51,6 +54,7 @@ struct DeviceStep {
   sharding::ShardBounds bounds;
   at::Tensor inputs_RT, labels_RT;  // the device's shards
   int64_t collectives = 0;          // issued by next()
+  at::Tensor documents_RS;          // its document_ids shard (data.document_mask), else undefined
 };
 
 // Runs `steps` steps of the data path on every device of `mesh`: one DataPipeline per host starting where
@@ -70,7 +74,8 @@ std::vector<std::vector<DeviceStep>> run_job(const settings::Settings& config, c
       const int64_t calls_before = ctx.counters().total_calls();
       DeviceBatch batch = pipelines[ctx.host()]->next(ctx);
       got[ctx.device()].push_back({batch.cursor, batch.input_ids.bounds(), batch.input_ids.local(),
-                                   batch.labels.local(), ctx.counters().total_calls() - calls_before});
+                                   batch.labels.local(), ctx.counters().total_calls() - calls_before,
+                                   batch.document_ids ? batch.document_ids->local() : at::Tensor()});
       if (check_replicas && (step == 0 || step == steps - 1)) {
         batch.input_ids.check_replicas(ctx);
         batch.labels.check_replicas(ctx);
@@ -153,39 +158,53 @@ TEST_F(DataPipelineTest, DatasetPathIsADirectoryOrANameUnderAssets) {
 }
 
 // The host loader alone, on every split of a batch's rows it makes (1 to 3 loader threads, so 2 to 4 shares, with
-// consumers reading shares while they wait) and every read-ahead: every consumer gets every batch in order, each
-// row holding its sample; and a batch a consumer still holds is never overwritten by a later one (buffer reuse).
+// consumers reading shares while they wait) and every read-ahead, reading whole rows or two token ranges of each
+// (context parallelism's chunks, the later one first): every consumer gets every batch in order, each row holding
+// its sample's ranges and their next tokens; and a batch a consumer still holds is never overwritten by a later one
+// (buffer reuse).
 TEST_F(DataPipelineTest, HostLoaderGivesEveryConsumerEveryBatchWhateverTheThreadsAndReadAhead) {
   auto dataset = std::make_shared<const TokenDataset>(dir_, 8);
   const GlobalSampler sampler(7, dataset->num_samples(), 8);  // 25 batches per epoch
   const std::vector<int64_t> rows = {1, 5, 6, 7, 0, 3};      // not in order, not contiguous
-  auto expect_batch = [&](const HostBatch& batch, DataCursor cursor, const std::string& where) {
-    ASSERT_EQ(batch.cursor, cursor) << where;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const int64_t id = sampler.sample_at(cursor.epoch, cursor.step, rows[r]);
-      ASSERT_EQ(batch.sample_ids[r], id) << where << " row " << r;
-      ASSERT_TRUE(at::equal(batch.tokens_RT1[r], at::arange(id * 8, id * 8 + 9, at::kInt))) << where << " row " << r;
-    }
-  };
-  for (int threads : {1, 2, 3})
-    for (int prefetch : {1, 2, 3})
-      for (int consumers : {1, 3}) {
-        const std::string config = fmt::format("threads={} prefetch={} consumers={}", threads, prefetch, consumers);
-        HostLoader loader(dataset, sampler, rows, {0, 20}, {prefetch, threads, consumers});
-        std::vector<std::thread> consumer_threads;
-        for (int c = 0; c < consumers; ++c)
-          consumer_threads.emplace_back([&, c] {
-            std::deque<std::pair<DataCursor, std::shared_ptr<const HostBatch>>> held;  // the last two taken
-            DataCursor cursor{0, 20};
-            for (int64_t n = 0; n < 60; ++n, cursor = sampler.next(cursor)) {
-              const std::string where = fmt::format("{} consumer {} batch {}", config, c, n);
-              held.emplace_back(cursor, loader.take(n).batch);
-              for (const auto& [held_cursor, batch] : held) expect_batch(*batch, held_cursor, where);
-              if (held.size() > 2) held.pop_front();
-            }
-          });
-        for (std::thread& thread : consumer_threads) thread.join();
+  for (const std::vector<RowPiece>& pieces : {std::vector<RowPiece>{{{0, 8}, 0}},
+                                               std::vector<RowPiece>{{{6, 8}, 0}, {{1, 2}, 2}}}) {
+    // The tokens of sample `id` at the pieces' places, shifted by `shift`.
+    auto expected = [&](int64_t id, int64_t shift) {
+      std::vector<at::Tensor> parts;
+      for (const RowPiece& piece : pieces)
+        parts.push_back(at::arange(id * 8 + piece.range.begin + shift, id * 8 + piece.range.end + shift, at::kInt));
+      return at::cat(parts);
+    };
+    auto expect_batch = [&](const HostBatch& batch, DataCursor cursor, const std::string& where) {
+      ASSERT_EQ(batch.cursor, cursor) << where;
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const int64_t id = sampler.sample_at(cursor.epoch, cursor.step, rows[r]);
+        ASSERT_EQ(batch.sample_ids[r], id) << where << " row " << r;
+        ASSERT_TRUE(at::equal(batch.inputs_RS[r], expected(id, 0))) << where << " row " << r;
+        ASSERT_TRUE(at::equal(batch.labels_RS[r], expected(id, 1))) << where << " row " << r;
       }
+    };
+    for (int threads : {1, 2, 3})
+      for (int prefetch : {1, 2, 3})
+        for (int consumers : {1, 3}) {
+          const std::string config = fmt::format("{} pieces threads={} prefetch={} consumers={}", pieces.size(),
+                                                 threads, prefetch, consumers);
+          HostLoader loader(dataset, sampler, rows, pieces, {0, 20}, {prefetch, threads, consumers});
+          std::vector<std::thread> consumer_threads;
+          for (int c = 0; c < consumers; ++c)
+            consumer_threads.emplace_back([&, c] {
+              std::deque<std::pair<DataCursor, std::shared_ptr<const HostBatch>>> held;  // the last two taken
+              DataCursor cursor{0, 20};
+              for (int64_t n = 0; n < 60; ++n, cursor = sampler.next(cursor)) {
+                const std::string where = fmt::format("{} consumer {} batch {}", config, c, n);
+                held.emplace_back(cursor, loader.take(n).batch);
+                for (const auto& [held_cursor, batch] : held) expect_batch(*batch, held_cursor, where);
+                if (held.size() > 2) held.pop_front();
+              }
+            });
+          for (std::thread& thread : consumer_threads) thread.join();
+        }
+  }
 }
 
 TEST(ReadPlanTest, RowsPerHostAndDevice) {
@@ -230,6 +249,144 @@ TEST(ReadPlanTest, RejectsSpecsTheLoaderCannotServe) {
   EXPECT_NE(error_of(8, "None,fsdp").find("sequence sharding"), std::string::npos);
 }
 
+// The natural tokens of a row that context rank `rank` of `context` holds, in load-balanced order.
+std::vector<int64_t> natural_positions(int64_t block_size, int context, int rank) {
+  std::vector<int64_t> positions;
+  const std::vector<mesh::TokenRange> chunks =
+      context == 1 ? std::vector<mesh::TokenRange>{{0, block_size}}
+                   : mesh::MeshRoles::context_chunks(block_size, context, rank);
+  for (const mesh::TokenRange& chunk : chunks)
+    for (int64_t p = chunk.begin; p < chunk.end; ++p) positions.push_back(p);
+  return positions;
+}
+
+// Every host's read plan of a [batch, block_size] batch under data.input_sharding `text` on `mesh`: each device's
+// chunks are context_chunks of its context coordinate at its block of the (load-balanced) sequence, and its tile's
+// place in the host-local batch holds exactly those tokens; each host reads each (row, token) its devices hold once
+// and nothing else; every (row, token) is held by some device.
+void expect_plans_cover_the_batch(const mesh::Mesh& mesh, int64_t batch, int64_t block_size, const std::string& text) {
+  const sharding::PartitionSpec spec = input_sharding(text, mesh);
+  const int context = mesh.size(mesh::Axis::context);
+  std::set<std::pair<int64_t, int64_t>> held_by_job;
+  for (int host = 0; host < mesh.hosts(); ++host) {
+    SCOPED_TRACE(fmt::format("host {}", host));
+    const ReadPlan plan = ReadPlan::make(mesh, batch, block_size, spec, host);
+    EXPECT_EQ(plan.context, context);
+    // What the host reads, and the natural token at each host-local position.
+    std::vector<int64_t> natural_at(plan.local_tokens(), -1);
+    int64_t filled = 0;
+    for (const RowPiece& piece : plan.pieces) {
+      EXPECT_EQ(piece.local_begin, filled) << "pieces not dense";
+      for (int64_t p = piece.range.begin; p < piece.range.end; ++p) natural_at.at(filled++) = p;
+    }
+    EXPECT_EQ(filled, plan.local_tokens());
+    std::multiset<std::pair<int64_t, int64_t>> read;
+    for (int64_t row : plan.rows)
+      for (int64_t p : natural_at) read.insert({row, p});
+    std::set<std::pair<int64_t, int64_t>> held_by_host;
+    for (const DeviceTile& tile : plan.devices) {
+      SCOPED_TRACE(fmt::format("device {}", tile.device));
+      const int rank = mesh.device(tile.device).coords[static_cast<int>(mesh::Axis::context)];
+      EXPECT_EQ(tile.sequence.context_rank, rank);
+      EXPECT_EQ(tile.bounds(), sharding::shard_bounds(mesh, sharding::Shape{batch, block_size}, spec, tile.device));
+      EXPECT_EQ(tile.sequence.begin, rank * block_size / context);
+      const std::vector<int64_t> positions = natural_positions(block_size, context, rank);
+      for (size_t i = 0; i < positions.size(); ++i)
+        EXPECT_EQ(natural_at.at(tile.sequence.local_begin + i), positions[i]) << "host-local position";
+      for (int64_t row : tile.rows()) {
+        EXPECT_EQ(plan.rows.at(tile.local_begin + row - tile.begin), row) << "host-local row";
+        for (int64_t p : positions) held_by_host.insert({row, p});
+      }
+    }
+    for (const auto& token : read)
+      EXPECT_EQ(read.count(token), 1u) << "row " << token.first << " token " << token.second;
+    const std::set<std::pair<int64_t, int64_t>> read_once(read.begin(), read.end());
+    EXPECT_EQ(read_once, held_by_host);
+    held_by_job.insert(held_by_host.begin(), held_by_host.end());
+  }
+  EXPECT_EQ(held_by_job.size(), static_cast<size_t>(batch * block_size));
+}
+
+TEST(ReadPlanTest, ContextSplitsEachRowsTokensIntoLoadBalancedChunks) {
+  const mesh::AxisSizes one = axis_sizes(1, 1, 1, 1);
+  // 1 host x 4 devices, context=4: the host reads every token, in load-balanced order (chunks 0 7 | 1 6 | 2 5 | 3 4).
+  const mesh::Mesh context4 = mesh::Mesh::create(axis_sizes(1, 1, 1, 1, 4), one, 1, 4);
+  expect_plans_cover_the_batch(context4, 4, 16, "(data,fsdp),None");
+  const ReadPlan all = ReadPlan::make(context4, 4, 16, input_sharding("(data,fsdp),None", context4), 0);
+  EXPECT_EQ(all.pieces, (std::vector<RowPiece>{{{0, 2}, 0}, {{14, 16}, 2}, {{2, 4}, 4}, {{12, 14}, 6}, {{4, 6}, 8},
+                                               {{10, 12}, 10}, {{6, 10}, 12}}));
+  EXPECT_TRUE(all.minibatch);
+  EXPECT_EQ(all.summary(4), "host 0 reads rows 0:4 of 4, tokens [0:16] of 16 in load-balanced order; device 0 holds "
+                            "rows 0:4 x tokens [0:2, 14:16], device 1 holds rows 0:4 x tokens [2:4, 12:14], device 2 "
+                            "holds rows 0:4 x tokens [4:6, 10:12], device 3 holds rows 0:4 x tokens [6:8, 8:10]");
+
+  // 2 hosts x 2 devices, dcn context=2, ici fsdp=2: host 0 reads chunks 0 and 3 of every row, host 1 chunks 1 and 2.
+  const mesh::Mesh dcn_context = mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 1, 1, 1, 2), 2, 2);
+  expect_plans_cover_the_batch(dcn_context, 4, 16, "(data,fsdp),None");
+  const sharding::PartitionSpec spec = input_sharding("(data,fsdp),None", dcn_context);
+  const ReadPlan host0 = ReadPlan::make(dcn_context, 4, 16, spec, 0);
+  const ReadPlan host1 = ReadPlan::make(dcn_context, 4, 16, spec, 1);
+  EXPECT_EQ(host0.rows, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(host0.token_ranges(), (std::vector<mesh::TokenRange>{{0, 4}, {12, 16}}));
+  EXPECT_EQ(host1.token_ranges(), (std::vector<mesh::TokenRange>{{4, 12}}));
+  EXPECT_EQ(host1.pieces, (std::vector<RowPiece>{{{4, 12}, 0}}));  // chunks 1 and 2 are adjacent: one range
+  EXPECT_EQ(host0.devices[1].bounds(), (sharding::ShardBounds{{2, 0}, {2, 8}}));
+  EXPECT_EQ(host1.devices[1].bounds(), (sharding::ShardBounds{{2, 8}, {2, 8}}));
+  EXPECT_TRUE(host0.minibatch);
+
+  // context x data, and replicas over tensor: 2 hosts x 4, ici data=2 context=2, dcn fsdp=2; and ici tensor=2
+  // context=2, dcn data=2.
+  expect_plans_cover_the_batch(mesh::Mesh::create(axis_sizes(2, 1, 1, 1, 2), axis_sizes(1, 2, 1, 1), 2, 4), 8, 16,
+                               "(data,fsdp),None");
+  expect_plans_cover_the_batch(mesh::Mesh::create(axis_sizes(1, 1, 2, 1, 2), axis_sizes(2, 1, 1, 1), 2, 4), 8, 16,
+                               "(data,fsdp),context");
+  // Rows over (fsdp,data) with data over DCN, context inside each host.
+  expect_plans_cover_the_batch(mesh::Mesh::create(axis_sizes(1, 2, 1, 1, 2), axis_sizes(2, 1, 1, 1), 2, 4), 8, 16,
+                               "(fsdp,data),None");
+}
+
+TEST(ReadPlanTest, InputShardingPutsTheSequenceOverContext) {
+  const mesh::Mesh context2 = mesh::Mesh::create(axis_sizes(1, 2, 1, 1, 2), axis_sizes(1, 1, 1, 1), 1, 4);
+  EXPECT_EQ(input_sharding("(data,fsdp),None", context2), sharding::PartitionSpec::parse("(data,fsdp),context"));
+  EXPECT_EQ(input_sharding("[[data, fsdp], context]", context2), sharding::PartitionSpec::parse("(data,fsdp),context"));
+  // With experts split too, both are appended.
+  const mesh::Mesh experts = mesh::Mesh::create(axis_sizes(1, 1, 1, 2, 2), axis_sizes(1, 1, 1, 1), 1, 4);
+  EXPECT_EQ(input_sharding("(data,fsdp),None", experts), sharding::PartitionSpec::parse("(data,fsdp,expert),context"));
+  // context = 1: nothing appended; naming context is allowed and changes nothing.
+  const mesh::Mesh fsdp = mesh::Mesh::create(axis_sizes(1, 4, 1, 1), axis_sizes(1, 1, 1, 1), 1, 4);
+  EXPECT_EQ(input_sharding("(data,fsdp),None", fsdp), sharding::PartitionSpec::parse("(data,fsdp),None"));
+  const ReadPlan named = ReadPlan::make(fsdp, 8, 16, input_sharding("(data,fsdp),context", fsdp), 0);
+  const ReadPlan plain = ReadPlan::make(fsdp, 8, 16, input_sharding("(data,fsdp),None", fsdp), 0);
+  EXPECT_FALSE(named.sequence_split());
+  EXPECT_EQ(named.pieces, (std::vector<RowPiece>{{{0, 16}, 0}}));
+  EXPECT_EQ(named.summary(8), plain.summary(8));
+
+  auto error_of = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // The sequence may go over context only.
+  const std::string fsdp_sequence = error_of([&] { input_sharding("data,fsdp", context2); });
+  EXPECT_NE(fsdp_sequence.find("data.input_sharding=[data, fsdp]: the sequence dimension may be split over context "
+                               "only, not over fsdp"), std::string::npos) << fsdp_sequence;
+  EXPECT_NE(fsdp_sequence.find("\"(data,fsdp),context\""), std::string::npos) << fsdp_sequence;
+  // Rows over context are refused (context splits tokens).
+  const std::string context_rows = error_of([&] {
+    ReadPlan::make(context2, 8, 16, input_sharding("(fsdp,context),None", context2), 0);
+  });
+  EXPECT_NE(context_rows.find("splits the batch's rows over context"), std::string::npos) << context_rows;
+  // block_size must split into 2 x context chunks; the error names block_size and the multiple.
+  const std::string block = error_of([&] {
+    ReadPlan::make(context2, 8, 6, input_sharding("(data,fsdp),None", context2), 0);
+  });
+  EXPECT_NE(block.find("block_size=6 does not split into 2 x context = 4 equal chunks"), std::string::npos) << block;
+  EXPECT_NE(block.find("use a multiple of 4"), std::string::npos) << block;
+}
+
 TEST_F(DataPipelineTest, WholeEpochsOnEveryMeshReadEachSampleOnceInTheSamplersOrder) {
   const settings::Settings config = data_config(dir_);
   const GlobalSampler sampler(42, 200, 8);
@@ -256,6 +413,56 @@ TEST_F(DataPipelineTest, WholeEpochsOnEveryMeshReadEachSampleOnceInTheSamplersOr
     if (first_mesh_batches.empty()) first_mesh_batches = batches;
     for (int64_t k = 0; k < steps; ++k) EXPECT_TRUE(at::equal(batches[k], first_mesh_batches[k])) << "step " << k;
   }
+}
+
+// Context parallelism: on meshes with context = 2 and 4 (a host reading two separate chunks of each row, a host
+// reading one range, a host reading every chunk), every device's input_ids, labels and document_ids shards equal the
+// positions of its context rank's chunks (load-balanced order) of the batch without context at the same step, labels
+// across chunk boundaries and document numbers counted over the whole row included; no collective; replicas agree.
+TEST_F(DataPipelineTest, ContextShardsEqualTheirChunksOfTheBatchWithoutContext) {
+  const settings::Settings config = data_config(dir_, {"block_size=16", "data.document_mask=true"});
+  const int64_t steps = 14;  // 100 samples: 12 batches of 8 per epoch, and into the next
+  const mesh::Mesh one = mesh::Mesh::create(axis_sizes(1, 1, 1, 1), axis_sizes(1, 1, 1, 1), 1, 1);
+  const std::vector<std::vector<DeviceStep>> reference = run_job(config, one, nullptr, steps);
+  const std::vector<NamedMesh> context_meshes = {
+      {"2x2 dcn context=2, ici fsdp=2", mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 1, 1, 1, 2), 2, 2)},
+      {"1x4 context=4", mesh::Mesh::create(axis_sizes(1, 1, 1, 1, 4), axis_sizes(1, 1, 1, 1), 1, 4)},
+      {"2x4 ici context=4, dcn data=2", mesh::Mesh::create(axis_sizes(1, 1, 1, 1, 4), axis_sizes(2, 1, 1, 1), 2, 4)},
+      {"2x4 ici tensor=2 context=2, dcn fsdp=2",
+       mesh::Mesh::create(axis_sizes(1, 1, 2, 1, 2), axis_sizes(1, 2, 1, 1), 2, 4), "(data,fsdp),context"}};
+  for (const NamedMesh& m : context_meshes) {
+    SCOPED_TRACE(m.name);
+    const int context = m.mesh.size(mesh::Axis::context);
+    const std::vector<std::vector<DeviceStep>> got =
+        run_job(data_config(dir_, {"block_size=16", "data.document_mask=true", "data.input_sharding=" +
+                                   m.input_sharding}), m.mesh, nullptr, steps, /*check_replicas=*/true);
+    for (int device = 0; device < m.mesh.num_devices(); ++device) {
+      const int rank = m.mesh.device(device).coords[static_cast<int>(mesh::Axis::context)];
+      const std::vector<int64_t> positions = natural_positions(16, context, rank);
+      const at::Tensor columns = at::tensor(positions, at::kLong);
+      for (int64_t step = 0; step < steps; ++step) {
+        const DeviceStep& d = got[device][step];
+        const DeviceStep& whole = reference[0][step];
+        const std::string where = fmt::format("device {} step {}", device, step);
+        ASSERT_EQ(d.cursor, whole.cursor) << where;
+        EXPECT_EQ(d.collectives, 0) << where;
+        EXPECT_EQ(d.bounds.offset[1], rank * 16 / context) << where;
+        ASSERT_EQ(d.inputs_RT.sizes().vec(), (std::vector<int64_t>{d.bounds.shape[0], 16 / context})) << where;
+        auto expected = [&](const at::Tensor& whole_BT) {
+          return whole_BT.narrow(0, d.bounds.offset[0], d.bounds.shape[0]).index_select(1, columns);
+        };
+        EXPECT_TRUE(at::equal(d.inputs_RT, expected(whole.inputs_RT))) << where;
+        EXPECT_TRUE(at::equal(d.labels_RT, expected(whole.labels_RT))) << where;
+        ASSERT_TRUE(d.documents_RS.defined()) << where;
+        EXPECT_TRUE(at::equal(d.documents_RS, expected(whole.documents_RS))) << where;
+      }
+    }
+  }
+  // The reference's rows do cross documents (so the document numbers are tested), and the data state does not
+  // depend on the mesh.
+  EXPECT_GT(reference[0][0].documents_RS.max().item<int32_t>(), 0);
+  EXPECT_EQ(DataPipeline(config, one, 0, nullptr).fingerprint(),
+            DataPipeline(config, context_meshes[0].mesh, 1, nullptr).fingerprint());
 }
 
 TEST_F(DataPipelineTest, EvaluationReadsOnlyHeldOutSamplesTheSameBatchesEveryRoundOnEveryMesh) {
@@ -377,6 +584,33 @@ TEST_F(DataPipelineTest, InstrumentationLogsEveryStageForTheFirstSteps) {
   EXPECT_EQ(count("[device_loader] "), 16) << log;  // 8 devices x 2 steps
   EXPECT_EQ(count(", 0 collectives"), 16) << log;
   EXPECT_EQ(count("input_ids i32[8@(data,fsdp), 8] on mesh"), 1) << log;  // the picture, once for the job
+}
+
+// With the sequence over context, every stage's line shows the 2-D tiles and the token ranges, in load-balanced
+// order; the picture names each tile's tokens.
+TEST_F(DataPipelineTest, InstrumentationShowsTheTokenRangesWithContext) {
+  const mesh::Mesh mesh = mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 1, 1, 1, 2), 2, 2);
+  const settings::Settings config =
+      data_config(dir_, {"block_size=16", "debug.data_shapes=true", "debug.data_shape_steps=1"});
+  ::testing::internal::CaptureStderr();
+  run_job(config, mesh, nullptr, 2);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  for (const std::string& line : {
+           std::string("Data read plan (input_ids/labels i32[8@(data,fsdp), 16@context], rows over (data,fsdp), tokens "
+                       "over context in load-balanced order: context rank r holds chunks r and 3-r of 4): host 0 reads "
+                       "rows 0:8 of 8, tokens [0:4, 12:16] of 16 in load-balanced order; device 0 holds rows 0:4 x "
+                       "tokens [0:4, 12:16], device 1 holds rows 4:8 x tokens [0:4, 12:16]"),
+           std::string("host 1 reads rows 0:8 of 8, tokens [4:12] of 16 in load-balanced order; device 2 holds rows "
+                       "0:4 x tokens [4:8, 8:12]"),
+           std::string("Minibatch dataloading: True"),
+           std::string("[host_loader] host 0: input_ids i32[8, 8] rows 0:8 (samples "),
+           std::string("x tokens [0:4, 12:16] in load-balanced order, labels alike; epoch 0 step 0"),
+           std::string("[device_loader] input_ids i32[8@(data,fsdp), 16@context]; device 3 (host 1, fsdp=1, context=1) "
+                       "holds rows 4:8 x tokens [4:8, 8:12] in load-balanced order (labels alike); epoch 0 step 0"),
+           std::string("input_ids i32[8@(data,fsdp), 16@context] on mesh"),
+           std::string("tokens 4:8, 8:12"),
+           std::string("The sequence is in load-balanced order: block r holds chunks r and 3-r of the row's 4")})
+    EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;
 }
 
 TEST_F(DataPipelineTest, ConfigErrorsNameTheKey) {

@@ -1,5 +1,6 @@
 // plan_command_test.cpp — `meshtrain plan --step N` run as the real binary: the `data` member of its JSON (global
-// batch, rows per host and device) and its text, checked against the sampler and the read plan.
+// batch, rows per host and device, token ranges with context parallelism) and its text, checked against the sampler
+// and the read plan.
 #include "meshtrain/data/dataset.hpp"
 #include "meshtrain/data/global_sampler.hpp"
 #include "runtime/process_runner.hpp"
@@ -28,6 +29,40 @@ TEST(PlanCommandTest, JsonDataMemberNamesTheSamplesAndRowsOfEveryHostAndDevice) 
     {"host": 1, "rows": [4, 5, 6, 7], "devices": [{"device": 4, "rows": [4, 5]}, {"device": 5, "rows": [4, 5]},
                                                   {"device": 6, "rows": [6, 7]}, {"device": 7, "rows": [6, 7]}]}])");
   EXPECT_EQ(data.at("hosts"), expected_hosts);
+}
+
+// dcn_mesh.context=2 on 2 hosts x 2 devices (fsdp=2 inside each): host 0 reads chunks 0 and 3 of the 4 chunks of
+// every row, host 1 chunks 1 and 2 (one range); each device names its context rank and its chunks, in load-balanced
+// order.
+TEST(PlanCommandTest, JsonAndTextShowTheTokenRangesOfEveryHostAndDeviceWithContext) {
+  const std::vector<std::string> job = {"--hosts", "2", "--devices-per-host", "2", "--step", "3",
+                                        "dcn_mesh.context=2", "dataset.path=moby-dick-byte"};
+  std::vector<std::string> json_args = {"plan", "--json"};
+  json_args.insert(json_args.end(), job.begin(), job.end());
+  const ProcessResult r = run_meshtrain(json_args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json data = json_line(r.output).at("data");
+  const nlohmann::json expected_hosts = nlohmann::json::parse(R"([
+    {"host": 0, "rows": [0, 1, 2, 3, 4, 5, 6, 7], "tokens": [[0, 64], [192, 256]],
+     "devices": [{"device": 0, "rows": [0, 1, 2, 3], "context_rank": 0, "tokens": [[0, 64], [192, 256]]},
+                 {"device": 1, "rows": [4, 5, 6, 7], "context_rank": 0, "tokens": [[0, 64], [192, 256]]}]},
+    {"host": 1, "rows": [0, 1, 2, 3, 4, 5, 6, 7], "tokens": [[64, 192]],
+     "devices": [{"device": 2, "rows": [0, 1, 2, 3], "context_rank": 1, "tokens": [[64, 128], [128, 192]]},
+                 {"device": 3, "rows": [4, 5, 6, 7], "context_rank": 1, "tokens": [[64, 128], [128, 192]]}]}])");
+  EXPECT_EQ(data.at("hosts"), expected_hosts);
+  EXPECT_EQ(data.at("sequence"), nlohmann::json::parse(R"({"context": 2, "order": "load-balanced",
+                                                          "type": "i32[8@(data,fsdp), 256@context]"})"));
+
+  std::vector<std::string> text_args = {"plan"};
+  text_args.insert(text_args.end(), job.begin(), job.end());
+  const ProcessResult text = run_meshtrain(text_args);
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  for (const std::string& line : {"input_ids/labels i32[8@(data,fsdp), 256@context]",
+                                  "sequence over context in load-balanced order",
+                                  "host 0 reads rows 0:8 x tokens [0:64, 192:256] (samples ",
+                                  "host 1 reads rows 0:8 x tokens [64:192] (samples ",
+                                  "holds rows 4:8 x tokens [64:128, 128:192] (samples "})
+    EXPECT_NE(text.output.find(line), std::string::npos) << line << "\n" << text.output;
 }
 
 TEST(PlanCommandTest, TextShowsTheStepAcrossEpochs) {

@@ -17,6 +17,25 @@ void expect_picture(const std::string& drawn, const std::string& golden) {
   EXPECT_TRUE(drawn == golden) << "drawn:\n" << drawn << "golden:\n" << golden;
 }
 
+// The input batch with its sequence over context: tiles of rows x sequence blocks, each naming the natural tokens of
+// its block (load-balanced order: block r holds chunks r and 2C-1-r), and a line saying so.
+TEST(VisualizeTest, InputBatchWithTheSequenceOverContextNamesEachTilesTokens) {
+  const mesh::Mesh mesh =
+      mesh::Mesh::create(testing::axis_sizes(1, 2, 1, 1), testing::axis_sizes(1, 1, 1, 1, 2), 2, 2);
+  expect_picture(render_input_batch(mesh, 2, 8, {}, PartitionSpec::parse("(data,fsdp),context")), R"(input_ids i32[2@(data,fsdp), 8@context] on mesh data=1 x fsdp=2 x tensor=1 x expert=1 x context=2 (2 hosts x 2 devices per host)
+┌──────────────────────────────────────┬──────────────────────────────────────┐
+│              [0:1, 0:4]              │              [0:1, 4:8]              │
+│           tokens 0:2, 6:8            │           tokens 2:4, 4:6            │
+│ device 0 (host 0, fsdp=0, context=0) │ device 2 (host 1, fsdp=0, context=1) │
+├──────────────────────────────────────┼──────────────────────────────────────┤
+│              [1:2, 0:4]              │              [1:2, 4:8]              │
+│           tokens 0:2, 6:8            │           tokens 2:4, 4:6            │
+│ device 1 (host 0, fsdp=1, context=0) │ device 3 (host 1, fsdp=1, context=1) │
+└──────────────────────────────────────┴──────────────────────────────────────┘
+The sequence is in load-balanced order: block r holds chunks r and 3-r of the row's 4 (tokens under each range).
+)");
+}
+
 TEST(VisualizeTest, OneDimensionalTensorIsAColumnOfTiles) {
   const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 4, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 4);
   expect_picture(render_sharding(mesh, "bias", c10::ScalarType::Float, {16}, PartitionSpec::parse("fsdp")), R"(bias f32[16@fsdp] on mesh data=1 x fsdp=4 x tensor=1 x expert=1 x context=1 (1 host x 4 devices per host)

@@ -1,5 +1,5 @@
-// plan_command.cpp — `meshtrain plan`: the mesh and device assignment of a job, and which samples and rows each host
-// and device reads at a given step, without starting anything.
+// plan_command.cpp — `meshtrain plan`: the mesh and device assignment of a job, and which samples, rows and token
+// ranges each host and device reads at a given step, without starting anything.
 #include "meshtrain/cli/commands.hpp"
 #include "meshtrain/cli/job_options.hpp"
 #include "meshtrain/common/error.hpp"
@@ -44,6 +44,7 @@ struct StepPlan {
   int64_t batches_per_epoch = 0;
   std::vector<int64_t> global_batch;  // sample id of every global row
   std::vector<data::ReadPlan> hosts;
+  sharding::PartitionSpec spec;  // of the input batch
 };
 
 StepPlan step_plan(const settings::Settings& settings, const mesh::Mesh& mesh, int64_t global_step) {
@@ -58,21 +59,43 @@ StepPlan step_plan(const settings::Settings& settings, const mesh::Mesh& mesh, i
   plan.batches_per_epoch = sampler.batches_per_epoch();
   plan.cursor = {global_step / plan.batches_per_epoch, global_step % plan.batches_per_epoch};
   plan.global_batch = sampler.global_batch(plan.cursor.epoch, plan.cursor.step);
+  plan.spec = spec;
   for (int host = 0; host < mesh.hosts(); ++host)
     plan.hosts.push_back(data::ReadPlan::make(mesh, global_batch_size, block_size, spec, host));
   return plan;
 }
 
+// [[begin, end], ...]
+nlohmann::json ranges_json(const std::vector<mesh::TokenRange>& ranges) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const mesh::TokenRange& range : ranges) out.push_back({range.begin, range.end});
+  return out;
+}
+
+// With the sequence split over context, each host also names its token ranges of every row ("tokens", natural
+// positions) and each device its context rank and chunks, in load-balanced order.
 nlohmann::json data_json(const StepPlan& plan) {
   nlohmann::json hosts = nlohmann::json::array();
+  const bool split = plan.hosts.front().sequence_split();
   for (const data::ReadPlan& host : plan.hosts) {
     nlohmann::json devices = nlohmann::json::array();
-    for (const data::DeviceRows& device : host.devices)
+    for (const data::DeviceTile& device : host.devices) {
       devices.push_back({{"device", device.device}, {"rows", device.rows()}});
+      if (split) {
+        devices.back()["context_rank"] = device.sequence.context_rank;
+        devices.back()["tokens"] = ranges_json(device.sequence.chunks);
+      }
+    }
     hosts.push_back({{"host", host.host}, {"rows", host.rows}, {"devices", devices}});
+    if (split) hosts.back()["tokens"] = ranges_json(host.token_ranges());
   }
-  return {{"epoch", plan.cursor.epoch}, {"step", plan.cursor.step}, {"global_batch", plan.global_batch},
-          {"hosts", hosts}};
+  nlohmann::json data = {{"epoch", plan.cursor.epoch}, {"step", plan.cursor.step},
+                         {"global_batch", plan.global_batch}, {"hosts", hosts}};
+  if (split)
+    data["sequence"] = {{"context", plan.hosts.front().context}, {"order", "load-balanced"},
+                        {"type", sharding::type_string(at::kInt, {static_cast<int64_t>(plan.global_batch.size()),
+                                                                  plan.hosts.front().block_size}, plan.spec)}};
+  return data;
 }
 
 // "17, 3, 99" for the sample ids of `rows`.
@@ -84,19 +107,31 @@ std::string samples_of(const StepPlan& plan, const std::vector<int64_t>& rows) {
 
 void print_data_plan(const StepPlan& plan, const mesh::Mesh& mesh, const settings::Settings& settings,
                      int64_t global_step) {
+  const data::ReadPlan& first = plan.hosts.front();
+  const std::string type =
+      first.sequence_split()
+          ? sharding::type_string(at::kInt, {settings.global_batch_size, settings.block_size}, plan.spec)
+          : fmt::format("i32[{}, {}]", settings.global_batch_size, settings.block_size);
   std::cout << "Data at step " << global_step << " = epoch " << plan.cursor.epoch << " step " << plan.cursor.step
-            << " (" << plan.batches_per_epoch << " global batches per epoch): input_ids/labels i32["
-            << settings.global_batch_size << ", " << settings.block_size << "], "
+            << " (" << plan.batches_per_epoch << " global batches per epoch): input_ids/labels " << type << ", "
             << "data.input_sharding=" << settings.data.input_sharding
-            << "; Minibatch dataloading: " << (plan.hosts.front().minibatch ? "True" : "False") << "\n";
+            << "; Minibatch dataloading: " << (first.minibatch ? "True" : "False") << "\n";
+  if (first.sequence_split())
+    std::cout << "  sequence over context in load-balanced order: context rank r holds chunks r and "
+              << 2 * first.context - 1 << "-r of the " << 2 * first.context << " chunks of each row (a host reads "
+              << "the token after each of its ranges too, for the labels)\n";
   std::cout << "  global batch: samples " << fmt::format("{}", fmt::join(plan.global_batch, ", ")) << "\n";
   for (const data::ReadPlan& host : plan.hosts) {
-    std::cout << "  host " << host.host << " reads rows " << data::rows_string(host.rows) << " (samples "
-              << samples_of(plan, host.rows) << ")\n";
-    for (const data::DeviceRows& device : host.devices)
+    std::cout << "  host " << host.host << " reads rows " << data::rows_string(host.rows);
+    if (host.sequence_split()) std::cout << " x tokens [" << sharding::ranges_string(host.token_ranges()) << "]";
+    std::cout << " (samples " << samples_of(plan, host.rows) << ")\n";
+    for (const data::DeviceTile& device : host.devices) {
       std::cout << "    device " << device.device << " (" << mesh.coords_string(device.device) << ") holds rows "
-                << sharding::range_string(device.begin, device.count) << " (samples "
-                << samples_of(plan, device.rows()) << ")\n";
+                << sharding::range_string(device.begin, device.count);
+      if (host.sequence_split())
+        std::cout << " x tokens [" << sharding::ranges_string(device.sequence.chunks) << "]";
+      std::cout << " (samples " << samples_of(plan, device.rows()) << ")\n";
+    }
   }
 }
 

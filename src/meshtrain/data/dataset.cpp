@@ -62,9 +62,12 @@ TokenDataset::TokenDataset(const fs::path& dir, int64_t block_size, token_shards
 }
 
 template <typename PieceFn>
-void TokenDataset::for_each_piece(int64_t id, int64_t count, PieceFn&& piece_fn) const {
+void TokenDataset::for_each_piece(int64_t id, mesh::TokenRange range, PieceFn&& piece_fn) const {
   MT_CHECK(id >= 0 && id < num_samples_, "sample {} is outside the dataset's {} samples", id, num_samples_);
-  uint64_t begin = static_cast<uint64_t>(id * block_size_), left = static_cast<uint64_t>(count);
+  MT_CHECK(range.begin >= 0 && range.begin <= range.end && range.end <= block_size_ + 1,
+           "tokens {}:{} are outside sample {}'s {} + 1", range.begin, range.end, id, block_size_);
+  uint64_t begin = static_cast<uint64_t>(id * block_size_ + range.begin), left = static_cast<uint64_t>(range.size());
+  if (left == 0) return;
   // The shard holding `begin`: the last whose start is <= begin.
   size_t s = std::upper_bound(shard_starts_.begin(), shard_starts_.end(), begin) - shard_starts_.begin() - 1;
   for (bool first = true; left > 0; first = false, ++s) {
@@ -76,8 +79,8 @@ void TokenDataset::for_each_piece(int64_t id, int64_t count, PieceFn&& piece_fn)
   }
 }
 
-void TokenDataset::read_sample(int64_t id, int32_t* out) const {
-  for_each_piece(id, block_size_ + 1,
+void TokenDataset::read_sample(int64_t id, mesh::TokenRange range, int32_t* out) const {
+  for_each_piece(id, range,
                  [&](const token_shards::TokenShard& shard, uint64_t offset, uint64_t piece, bool /*first*/) {
                    // int32 and uint32 may alias; token ids are below the vocabulary size, at most 2^31 (checked on
                    // construction), and each id is checked here, where it is handed on (the index's max_token is
@@ -89,21 +92,32 @@ void TokenDataset::read_sample(int64_t id, int32_t* out) const {
                  });
 }
 
-void TokenDataset::read_sample_documents(int64_t id, int32_t* out) const {
+void TokenDataset::read_sample_documents(int64_t id, mesh::TokenRange range, int32_t* out) const {
+  MT_CHECK(range.end <= block_size_, "document numbers of tokens {}:{}: a sample has {} inputs", range.begin,
+           range.end, block_size_);
+  // The numbers count from the sample's first token: walk its pieces from there, a run of tokens of one document at a
+  // time, writing only the positions inside the range.
   int32_t document = 0;
-  for_each_piece(id, block_size_, [&](const token_shards::TokenShard& shard, uint64_t offset, uint64_t piece,
-                                      bool first) {
-    // The shard's document starts (checked non-decreasing from 0 when it was opened); the first one after `offset`.
+  int64_t position = 0;  // of the piece's first token in the sample
+  for_each_piece(id, {0, range.end}, [&](const token_shards::TokenShard& shard, uint64_t offset, uint64_t piece,
+                                         bool first) {
+    // The shard's document starts (checked non-decreasing from 0 when it was opened, the last entry its token count);
+    // the first one after `offset`.
     const uint64_t* starts = shard.document_starts();
     const uint64_t* next = std::upper_bound(starts, starts + shard.document_count() + 1, offset);
     if (!first && piece > 0) ++document;  // a shard begins with a document
-    for (uint64_t k = 0; k < piece; ++k) {
-      if (offset + k == *next) {
+    for (uint64_t k = 0; k < piece;) {
+      const uint64_t run_end = std::min(*next - offset, piece);  // tokens k .. run_end - 1 are in `document`
+      const int64_t from = std::max(position + static_cast<int64_t>(k), range.begin),
+                    to = position + static_cast<int64_t>(run_end);
+      if (from < to) out = std::fill_n(out, to - from, document);
+      k = run_end;
+      if (k < piece) {
         ++document;
         while (*next <= offset + k) ++next;  // empty documents start at the same token
       }
-      *out++ = document;
     }
+    position += static_cast<int64_t>(piece);
   });
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 
 namespace meshtrain::data {
 namespace {
@@ -61,14 +62,23 @@ void HostLoader::announce_change() {
 }
 
 HostLoader::HostLoader(std::shared_ptr<const TokenDataset> dataset, GlobalSampler sampler, std::vector<int64_t> rows,
-                       DataCursor start, HostLoaderOptions options)
-    : dataset_(std::move(dataset)), sampler_(sampler), rows_(std::move(rows)), options_(options),
+                       std::vector<RowPiece> pieces, DataCursor start, HostLoaderOptions options)
+    : dataset_(std::move(dataset)), sampler_(sampler), rows_(std::move(rows)), pieces_(std::move(pieces)),
+      row_tokens_(0), options_(options),
       shares_per_batch_(
           static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(rows_.size()), 1, options.threads + 1))),
       next_cursor_(start) {
   MT_USER_CHECK(options.prefetch_steps >= 1, "data.prefetch_steps must be at least 1, got {}", options.prefetch_steps);
   MT_USER_CHECK(options.threads >= 1, "data.loader_threads must be at least 1, got {}", options.threads);
   MT_CHECK(options.consumers >= 1, "a host loader needs a consumer");
+  MT_CHECK(!pieces_.empty(), "a host loader needs the token ranges of a row to read");
+  for (const RowPiece& piece : pieces_) {
+    MT_CHECK(piece.local_begin == row_tokens_ && piece.range.size() > 0 && piece.range.begin >= 0 &&
+                 piece.range.end <= dataset_->block_size(),
+             "token range {}:{} at {} of a host-local row: the ranges must fill the row in order, inside the {} "
+             "inputs of a sample", piece.range.begin, piece.range.end, piece.local_begin, dataset_->block_size());
+    row_tokens_ += piece.range.size();
+  }
   MT_USER_CHECK(start.epoch >= 0 && start.step >= 0 && start.step < sampler.batches_per_epoch(),
                 "data cursor (epoch {}, step {}) is outside the {} batches of an epoch (a data state saved with "
                 "another dataset, block_size or global_batch_size?)", start.epoch, start.step,
@@ -128,17 +138,23 @@ HostLoader::Share HostLoader::claim() {
     auto reusable = std::find_if(buffers_.begin(), buffers_.end(), [](const at::Tensor& b) {
       return b.use_count() == 1 && b.storage().use_count() == 1;
     });
+    at::Tensor buffer;
+    const int64_t rows = static_cast<int64_t>(rows_.size());
     if (reusable != buffers_.end()) {
-      batch->tokens_RT1 = std::move(*reusable);
+      buffer = std::move(*reusable);
       buffers_.erase(reusable);
-    } else {
-      batch->tokens_RT1 = at::empty({static_cast<int64_t>(rows_.size()), dataset_->block_size() + 1}, at::kInt);
+    } else {  // [R, S + 1] whose columns 1: are the labels of columns :S, or [2, R, S]: inputs, then labels
+      buffer = labels_follow_inputs() ? at::empty({rows, row_tokens_ + 1}, at::kInt)
+                                      : at::empty({2, rows, row_tokens_}, at::kInt);
     }
-    if (options_.documents)
-      batch->documents_RT = at::empty({static_cast<int64_t>(rows_.size()), dataset_->block_size()}, at::kInt);
+    batch->inputs_RS = labels_follow_inputs() ? buffer.narrow(1, 0, row_tokens_) : buffer[0];
+    batch->labels_RS = labels_follow_inputs() ? buffer.narrow(1, 1, row_tokens_) : buffer[1];
+    if (options_.documents) batch->documents_RS = at::empty({rows, row_tokens_}, at::kInt);
     batch->cursor = next_cursor_;
     next_cursor_ = sampler_.next(next_cursor_);
-    slots_[next_to_read_++].batch = std::move(batch);
+    Slot& slot = slots_[next_to_read_++];
+    slot.batch = std::move(batch);
+    slot.buffer = std::move(buffer);
   }
   auto& [n, slot] = *slots_.rbegin();
   const int64_t rows = static_cast<int64_t>(rows_.size()), share = slot.claimed++;
@@ -148,15 +164,30 @@ HostLoader::Share HostLoader::claim() {
 double HostLoader::read(const Share& share) const {
   const auto start = std::chrono::steady_clock::now();
   HostBatch& batch = *share.batch;  // this share's rows only: other workers fill the others
-  const int64_t width = dataset_->block_size() + 1;
-  int32_t* out = batch.tokens_RT1.data_ptr<int32_t>();
   sampler_.samples_at(batch.cursor.epoch, batch.cursor.step, rows_.data() + share.begin,
                       static_cast<size_t>(share.end - share.begin), batch.sample_ids.data() + share.begin);
-  for (int64_t r = share.begin; r < share.end; ++r) dataset_->read_sample(batch.sample_ids[r], out + r * width);
+  int32_t* const inputs = batch.inputs_RS.data_ptr<int32_t>();
+  int32_t* const labels = batch.labels_RS.data_ptr<int32_t>();
+  const int64_t inputs_stride = batch.inputs_RS.stride(0), labels_stride = batch.labels_RS.stride(0);
+  for (int64_t r = share.begin; r < share.end; ++r)
+    for (const RowPiece& piece : pieces_) {
+      const mesh::TokenRange& range = piece.range;
+      int32_t* in = inputs + r * inputs_stride + piece.local_begin;
+      if (labels_follow_inputs()) {  // the range and the token after it, in one copy
+        dataset_->read_sample(batch.sample_ids[r], {range.begin, range.end + 1}, in);
+        continue;
+      }
+      int32_t* next = labels + r * labels_stride + piece.local_begin;  // the next token of each input
+      dataset_->read_sample(batch.sample_ids[r], range, in);
+      std::memcpy(next, in + 1, static_cast<size_t>(range.size() - 1) * sizeof(int32_t));
+      dataset_->read_sample(batch.sample_ids[r], {range.end, range.end + 1}, next + range.size() - 1);
+    }
   if (options_.documents) {
-    int32_t* documents = batch.documents_RT.data_ptr<int32_t>();
+    int32_t* const documents = batch.documents_RS.data_ptr<int32_t>();
     for (int64_t r = share.begin; r < share.end; ++r)
-      dataset_->read_sample_documents(batch.sample_ids[r], documents + r * dataset_->block_size());
+      for (const RowPiece& piece : pieces_)
+        dataset_->read_sample_documents(batch.sample_ids[r], piece.range,
+                                        documents + r * row_tokens_ + piece.local_begin);
   }
   return seconds_since(start);
 }
@@ -182,7 +213,7 @@ HostLoader::Taken HostLoader::take(int64_t n) {
   taken.first = slot.taken++ == 0;
   if (slot.taken == options_.consumers) {
     MT_CHECK(n == retired_, "batch {} finished before batch {}: consumers must take batches in order", n, retired_);
-    buffers_.push_back(slot.batch->tokens_RT1);
+    buffers_.push_back(slot.buffer);
     slots_.erase(n);
     ++retired_;
     announce_change();

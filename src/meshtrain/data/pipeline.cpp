@@ -1,7 +1,7 @@
 // pipeline.cpp — the pipeline's construction from the settings, the device loader, the instrumentation lines and the
 // data state for checkpoints.
 //
-// Legend: R = host-local rows, T = block_size, T1 = block_size + 1.
+// Legend: R = host-local rows, S = host-local tokens of a row (ReadPlan::local_tokens()).
 #include "meshtrain/data/pipeline.hpp"
 
 #include "meshtrain/common/checksum.hpp"
@@ -104,7 +104,7 @@ DataPipeline::DataPipeline(const settings::Settings& settings, const mesh::Mesh&
   } else {
     log_training_plan(settings.eval, start_);
   }
-  loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, start_, options);
+  loader_ = std::make_unique<HostLoader>(dataset_, sampler_, plan_.rows, plan_.pieces, start_, options);
 }
 
 void DataPipeline::log_training_plan(const settings::EvalSettings& eval, DataCursor start) const {
@@ -114,8 +114,16 @@ void DataPipeline::log_training_plan(const settings::EvalSettings& eval, DataCur
             index.tokenizer.fingerprint, dataset_->num_samples(), block_size_, sampler_.batches_per_epoch(),
             global_batch_size_);
   log::info("Minibatch dataloading: {}", plan_.minibatch ? "True" : "False");
-  log::info("Data read plan (input_ids/labels i32[{}, {}], rows over {}): {}", global_batch_size_, block_size_,
-            mesh::axes_label(spec_.dims[0]), plan_.summary(global_batch_size_));
+  if (plan_.sequence_split()) {
+    const std::string type = sharding::type_string(at::kInt, {global_batch_size_, block_size_}, spec_);
+    log::info("Data read plan (input_ids/labels {}, rows over {}, tokens over {} in load-balanced order: context rank "
+              "r holds chunks r and {}-r of {}): {}", type, mesh::axes_label(spec_.dims[0]),
+              mesh::axes_label(spec_.dims[1]), 2 * plan_.context - 1, 2 * plan_.context,
+              plan_.summary(global_batch_size_));
+  } else {
+    log::info("Data read plan (input_ids/labels i32[{}, {}], rows over {}): {}", global_batch_size_, block_size_,
+              mesh::axes_label(spec_.dims[0]), plan_.summary(global_batch_size_));
+  }
   if (samples().count < dataset_->num_samples())
     log::info("Training on samples 0..{}; the last {} are held out for evaluation (eval.holdout_fraction={})",
               samples().count - 1, dataset_->num_samples() - samples().count, eval.holdout_fraction);
@@ -135,40 +143,45 @@ DeviceBatch DataPipeline::next(runtime::DeviceContext& ctx) {
 
   const int64_t calls_before = ctx.counters().total_calls();
   const sharding::Shape shape = {global_batch_size_, block_size_};
-  const at::Tensor inputs_RT = batch.tokens_RT1.narrow(1, 0, block_size_);
-  const at::Tensor labels_RT = batch.tokens_RT1.narrow(1, 1, block_size_);
-  // The device's rows and their place in the host's batch, from the read plan (computed once).
-  const DeviceRows& rows = plan_.devices[ctx.info().local];
-  MT_CHECK(rows.device == ctx.device(), "the read plan's device {} is not device {}", rows.device, ctx.device());
-  const sharding::ShardBounds block{{rows.begin, 0}, {rows.count, block_size_}};
-  const sharding::Shape offset_in_host_local = {rows.local_begin, 0};
-  DeviceBatch out{sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_, inputs_RT, block,
-                                                                offset_in_host_local),
-                  sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_, labels_RT, block,
-                                                                offset_in_host_local),
+  // The device's tile and its place in the host's batch, from the read plan (computed once).
+  const DeviceTile& tile = plan_.devices[ctx.info().local];
+  MT_CHECK(tile.device == ctx.device(), "the read plan's device {} is not device {}", tile.device, ctx.device());
+  const sharding::ShardBounds block = tile.bounds();
+  const sharding::Shape offset_in_host_local = tile.local_offset();
+  DeviceBatch out{sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_, batch.inputs_RS,
+                                                                block, offset_in_host_local),
+                  sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_, batch.labels_RS,
+                                                                block, offset_in_host_local),
                   batch.cursor, taken.wait_seconds, std::nullopt};
-  if (batch.documents_RT.defined())
+  if (batch.documents_RS.defined())
     out.document_ids = sharding::GlobalTensor::from_host_local_block(mesh_, ctx.device(), shape, spec_,
-                                                                     batch.documents_RT, block, offset_in_host_local);
+                                                                     batch.documents_RS, block, offset_in_host_local);
   if (instrument) {
-    const sharding::ShardBounds bounds = out.input_ids.bounds();
     const std::string placement = out.input_ids.placement_string();  // "device 3 (host 0, fsdp=3) holds [...]"
-    log::info("[device_loader] input_ids {}; {} holds rows {} (labels{} alike); epoch {} step {}, waited {:.3f} ms, "
-              "{} collectives", out.input_ids.type_string(), placement.substr(0, placement.find(" holds ")),
-              sharding::range_string(bounds.offset[0], bounds.shape[0]), out.document_ids ? ", document_ids" : "",
-              batch.cursor.epoch, batch.cursor.step,
-              taken.wait_seconds * 1e3, ctx.counters().total_calls() - calls_before);
-    if (n == 0) sharding::print_sharding(ctx, out.input_ids, "input_ids");
+    const std::string tokens =
+        plan_.sequence_split()
+            ? fmt::format(" x tokens [{}] in load-balanced order", sharding::ranges_string(tile.sequence.chunks))
+            : "";
+    log::info("[device_loader] input_ids {}; {} holds rows {}{} (labels{} alike); epoch {} step {}, waited {:.3f} "
+              "ms, {} collectives", out.input_ids.type_string(), placement.substr(0, placement.find(" holds ")),
+              sharding::range_string(tile.begin, tile.count), tokens, out.document_ids ? ", document_ids" : "",
+              batch.cursor.epoch, batch.cursor.step, taken.wait_seconds * 1e3,
+              ctx.counters().total_calls() - calls_before);
+    if (n == 0) sharding::print_input_batch(ctx, out.input_ids);
   }
   return out;
 }
 
 void DataPipeline::log_host_stage(const HostBatch& batch) const {
-  const std::string type = sharding::type_string(at::kInt, {static_cast<int64_t>(plan_.rows.size()), block_size_},
-                                                 sharding::PartitionSpec::replicated(2));
-  log::info("[host_loader] host {}: input_ids {} rows {} (samples {}), labels{} alike; epoch {} step {}, read in "
-            "{:.3f} ms", host_, type, rows_string(plan_.rows), ids_string(batch.sample_ids),
-            batch.documents_RT.defined() ? ", document_ids" : "", batch.cursor.epoch,
+  const sharding::Shape local_shape = {static_cast<int64_t>(plan_.rows.size()), plan_.local_tokens()};
+  const std::string type = sharding::type_string(at::kInt, local_shape, sharding::PartitionSpec::replicated(2));
+  const std::string tokens =
+      plan_.sequence_split()
+          ? fmt::format(" x tokens [{}] in load-balanced order", sharding::ranges_string(plan_.token_ranges()))
+          : "";
+  log::info("[host_loader] host {}: input_ids {} rows {} (samples {}){}, labels{} alike; epoch {} step {}, read in "
+            "{:.3f} ms", host_, type, rows_string(plan_.rows), ids_string(batch.sample_ids), tokens,
+            batch.documents_RS.defined() ? ", document_ids" : "", batch.cursor.epoch,
             batch.cursor.step, batch.read_seconds * 1e3);
 }
 

@@ -29,11 +29,15 @@
 namespace meshtrain::data {
 
 struct DeviceBatch {
-  sharding::GlobalTensor input_ids;  // int32 [global_batch_size, block_size], spec = data.input_sharding
-  sharding::GlobalTensor labels;     // int32, same shape/spec: next token of each input position
+  // int32 [global_batch_size, block_size], spec = data.input_sharding; with the sequence split over context > 1
+  // its sequence dimension is in load-balanced order (read_plan.hpp): a device's local() holds its context rank's
+  // two chunks of each of its rows, in that order.
+  sharding::GlobalTensor input_ids;
+  sharding::GlobalTensor labels;     // int32, same shape/spec/order: the next token of each input in its natural row
   DataCursor cursor;                 // which global batch this is
   double wait_seconds = 0;           // how long this call blocked waiting for the host loader
-  // int32, same shape/spec: each input token's document number in its row (data.document_mask), else none.
+  // int32, same shape/spec/order: each input token's document number in its whole row (data.document_mask), else
+  // none.
   std::optional<sharding::GlobalTensor> document_ids;
 };
 
@@ -68,7 +72,7 @@ class DataPipeline {
   int64_t row_replicas() const { return row_replicas_; }
   // The input batch's spec (data.input_sharding on this mesh: input_sharding()).
   const sharding::PartitionSpec& spec() const { return spec_; }
-  // The rows of a global batch each device holds.
+  // The rows of a global batch each device holds (each with block_size / context of its tokens).
   int64_t rows_per_device() const { return plan_.devices.at(0).count; }
   // Where this pipeline started: the first batch, or the saved state's cursor.
   const DataCursor& start_cursor() const { return start_; }

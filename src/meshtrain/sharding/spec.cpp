@@ -48,8 +48,8 @@ bool is_none(const std::string& entry) {
 
 mesh::Axis parse_axis(const std::string& name, const std::string& whole) {
   std::optional<mesh::Axis> axis = mesh::axis_from_name(name);
-  MT_USER_CHECK(axis.has_value(), "partition spec \"{}\": unknown mesh axis \"{}\" (expected data, fsdp, tensor or "
-                "expert, or None)", whole, name);
+  MT_USER_CHECK(axis.has_value(), "partition spec \"{}\": unknown mesh axis \"{}\" (expected data, fsdp, tensor, "
+                "expert or context, or None)", whole, name);
   return *axis;
 }
 
@@ -145,6 +145,13 @@ ShardBounds shard_bounds(const mesh::Mesh& mesh, const Shape& shape, const Parti
 }
 
 std::string range_string(int64_t offset, int64_t size) { return fmt::format("{}:{}", offset, offset + size); }
+
+std::string ranges_string(const std::vector<mesh::TokenRange>& ranges) {
+  std::string out;
+  for (const mesh::TokenRange& range : ranges)
+    out += (out.empty() ? "" : ", ") + range_string(range.begin, range.size());
+  return out;
+}
 
 std::string bounds_string(const ShardBounds& bounds) {
   std::string out = "[";

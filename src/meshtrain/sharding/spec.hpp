@@ -10,6 +10,7 @@
 
 #include "meshtrain/common/shape_text.hpp"
 #include "meshtrain/mesh/mesh.hpp"
+#include "meshtrain/mesh/mesh_roles.hpp"
 
 #include <c10/core/ScalarType.h>
 
@@ -61,6 +62,8 @@ ShardBounds shard_bounds(const mesh::Mesh& mesh, const Shape& shape, const Parti
 
 // "0:4" (half-open index range [offset, offset + size)).
 std::string range_string(int64_t offset, int64_t size);
+// "0:1024, 7168:8192" (half-open token ranges, in the given order).
+std::string ranges_string(const std::vector<mesh::TokenRange>& ranges);
 // "[0:4, 0:4096]"
 std::string bounds_string(const ShardBounds& bounds);
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <functional>
 #include <map>
 
 namespace meshtrain::sharding {
@@ -56,10 +57,12 @@ struct Tile {
   int color = 0;
 };
 
-}  // namespace
+// A line under a shard's ranges (empty: none), and a line after the picture (empty: none).
+using ShardNote = std::function<std::string(const ShardBounds&)>;
 
-std::string render_sharding(const mesh::Mesh& mesh, const std::string& name, c10::ScalarType dtype,
-                            const Shape& shape, const PartitionSpec& spec, const PictureOptions& options) {
+std::string render(const mesh::Mesh& mesh, const std::string& name, c10::ScalarType dtype, const Shape& shape,
+                   const PartitionSpec& spec, const PictureOptions& options, const ShardNote& shard_note,
+                   const std::string& footnote) {
   check_spec(mesh, shape, spec);
   const int rank = static_cast<int>(shape.size());
   static const std::vector<mesh::Axis> kNoAxes;
@@ -78,7 +81,9 @@ std::string render_sharding(const mesh::Mesh& mesh, const std::string& name, c10
   for (size_t t = 0; t < tiles.size(); ++t) {
     tiles[t].color = shard_number;
     for (const auto& [offset, devices] : shards_by_tile[t]) {
-      tiles[t].lines.push_back(bounds_string(shard_bounds(mesh, shape, spec, devices.front())));
+      const ShardBounds bounds = shard_bounds(mesh, shape, spec, devices.front());
+      tiles[t].lines.push_back(bounds_string(bounds));
+      if (shard_note) tiles[t].lines.push_back(shard_note(bounds));
       for (int device : devices) tiles[t].lines.push_back(device_label(mesh, device));
       ++shard_number;
     }
@@ -127,7 +132,19 @@ std::string render_sharding(const mesh::Mesh& mesh, const std::string& name, c10
   else if (!replica_axes.empty())
     out += fmt::format("Devices listed under one range hold the same shard (replicas along {}).\n",
                        mesh::axes_label(replica_axes));
+  if (!footnote.empty()) out += footnote + "\n";
   return out;
+}
+
+bool prints(const runtime::DeviceContext& ctx, PrintScope scope) {
+  return scope == PrintScope::once_per_job ? ctx.device() == 0 : ctx.info().local == 0;
+}
+
+}  // namespace
+
+std::string render_sharding(const mesh::Mesh& mesh, const std::string& name, c10::ScalarType dtype,
+                            const Shape& shape, const PartitionSpec& spec, const PictureOptions& options) {
+  return render(mesh, name, dtype, shape, spec, options, nullptr, "");
 }
 
 std::string render_sharding(const GlobalTensor& tensor, const std::string& name, const PictureOptions& options) {
@@ -136,15 +153,31 @@ std::string render_sharding(const GlobalTensor& tensor, const std::string& name,
 
 std::string render_input_batch(const mesh::Mesh& mesh, int64_t global_batch_size, int64_t block_size,
                                const PictureOptions& options, const PartitionSpec& spec) {
-  return render_sharding(mesh, "input_ids", c10::ScalarType::Int, {global_batch_size, block_size}, spec, options);
+  const Shape shape = {global_batch_size, block_size};
+  const int context = spec.rank() == 2 ? mesh.size_along(spec.dims[1]) : 1;
+  if (context == 1) return render_sharding(mesh, "input_ids", c10::ScalarType::Int, shape, spec, options);
+  // The sequence over context, in load-balanced order: each tile also names the natural tokens its block holds.
+  check_spec(mesh, shape, spec);
+  const ShardNote tokens = [&](const ShardBounds& bounds) {
+    const int rank = static_cast<int>(bounds.offset[1] / bounds.shape[1]);
+    return "tokens " + ranges_string(mesh::MeshRoles::context_chunks(block_size, context, rank));
+  };
+  return render(mesh, "input_ids", c10::ScalarType::Int, shape, spec, options, tokens,
+                fmt::format("The sequence is in load-balanced order: block r holds chunks r and {}-r of the row's {} "
+                            "(tokens under each range).", 2 * context - 1, 2 * context));
 }
 
 bool wants_color(int fd) { return isatty(fd) && std::getenv("NO_COLOR") == nullptr; }
 
 void print_sharding(const runtime::DeviceContext& ctx, const GlobalTensor& tensor, const std::string& name,
                     PrintScope scope) {
-  const bool prints = scope == PrintScope::once_per_job ? ctx.device() == 0 : ctx.info().local == 0;
-  if (prints) log::block(render_sharding(tensor, name, PictureOptions{wants_color(STDERR_FILENO)}));
+  if (prints(ctx, scope)) log::block(render_sharding(tensor, name, PictureOptions{wants_color(STDERR_FILENO)}));
+}
+
+void print_input_batch(const runtime::DeviceContext& ctx, const GlobalTensor& input_ids, PrintScope scope) {
+  if (prints(ctx, scope))
+    log::block(render_input_batch(input_ids.mesh(), input_ids.global_shape().at(0), input_ids.global_shape().at(1),
+                                  PictureOptions{wants_color(STDERR_FILENO)}, input_ids.spec()));
 }
 
 }  // namespace meshtrain::sharding

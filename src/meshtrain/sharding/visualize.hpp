@@ -1,6 +1,7 @@
-// visualize.hpp — the sharding picture: which device holds which part of a global tensor, as a grid of tiles over
-// the first two dimensions, each naming its index ranges and the devices that hold them (id, host, mesh coordinates),
-// replicas listed together. How to read it, with examples: docs/sharding.md, "The picture". No call communicates.
+// visualize.hpp — the sharding picture: which device holds which part of a global tensor, as a grid of tiles over the
+// first two dimensions, each naming its index ranges and the devices that hold them (id, host, mesh coordinates),
+// replicas listed together; for the input batch with its sequence over context, the natural tokens of each tile. How to
+// read it, with examples: docs/sharding.md, "The picture". No call communicates.
 #pragma once
 
 #include "meshtrain/mesh/mesh.hpp"
@@ -25,7 +26,8 @@ std::string render_sharding(const mesh::Mesh& mesh, const std::string& name, c10
 std::string render_sharding(const GlobalTensor& tensor, const std::string& name, const PictureOptions& options = {});
 
 // The input batch of a run, i32[global_batch_size, block_size] with `spec` (by default rows over (data, fsdp)), named
-// input_ids: what `meshtrain plan --show-sharding` draws.
+// input_ids: what `meshtrain plan --show-sharding` draws. When the sequence is split over context > 1 (in
+// load-balanced order: data/read_plan.hpp), each tile also names the natural token ranges its block holds.
 std::string render_input_batch(const mesh::Mesh& mesh, int64_t global_batch_size, int64_t block_size,
                                const PictureOptions& options = {},
                                const PartitionSpec& spec = PartitionSpec::sharded_rows(2, {mesh::Axis::data,
@@ -43,5 +45,8 @@ enum class PrintScope {
 // Colour when stderr is a terminal. No communication.
 void print_sharding(const runtime::DeviceContext& ctx, const GlobalTensor& tensor, const std::string& name,
                     PrintScope scope = PrintScope::once_per_job);
+// The same for the input batch (render_input_batch of `input_ids`).
+void print_input_batch(const runtime::DeviceContext& ctx, const GlobalTensor& input_ids,
+                       PrintScope scope = PrintScope::once_per_job);
 
 }  // namespace meshtrain::sharding
