@@ -78,6 +78,37 @@ class GenerateTest(unittest.TestCase):
         greedy = generate(self.checkpoint, "--tokens", "84 104 101", "--max-new-tokens", "24")
         self.assertEqual(generate(self.checkpoint, *args, "--seed", "3", "--top-k", "1"), greedy)
 
+    def test_documents_kept_apart_continue_the_last_one_alone(self):
+        # Two prompts are documents packed one after the other: without the key the continuation sees both; with
+        # data.document_mask=true it sees only the last, exactly as that document alone.
+        first, last = "83 116 117 98 98", "67 97 108 108 32 109 101"
+        alone = generate(self.checkpoint, "--tokens", last, "--max-new-tokens", "16")
+        kept_apart = generate(self.checkpoint, "--tokens", first, "--tokens", last, "--max-new-tokens", "16",
+                              "data.document_mask=true")
+        packed = generate(self.checkpoint, "--tokens", first, "--tokens", last, "--max-new-tokens", "16")
+        self.assertEqual(kept_apart, alone)
+        self.assertEqual(packed, generate(self.checkpoint, "--tokens", f"{first} {last}", "--max-new-tokens", "16"))
+
+    def test_scored_documents_kept_apart_equal_each_document_alone(self):
+        def score(*args):
+            cmd = [BINARY, "score", "--checkpoint", self.checkpoint, "--json", "--threads", "1", *args]
+            return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout)
+        first, last = "83 116 117 98 98 32 119", "67 97 108 108 32 109 101 32 73"
+        alone = [score("--tokens", doc)["logprobs"] for doc in (first, last)]
+        kept_apart = score("--tokens", first, "--tokens", last, "data.document_mask=true")["logprobs"]
+        packed = score("--tokens", first, "--tokens", last)["logprobs"]
+        n = len(first.split())
+        # logprobs[i] predicts token i + 1: the first document's, then the second's first token (from the end of the
+        # first), then the rest of the second, which with the mask see only their own document.
+        for got, want in zip(kept_apart[:n - 1] + kept_apart[n:], alone[0] + alone[1]):
+            self.assertAlmostEqual(got, want, places=4)
+        self.assertEqual(len(kept_apart), len(packed))
+        self.assertGreater(max(abs(a - b) for a, b in zip(kept_apart[n:], packed[n:])), 1e-3)
+        result = subprocess.run([BINARY, "score", "--checkpoint", self.checkpoint, "--tokens", "1 2",
+                                 "data.document_mask=maybe"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("data.document_mask=maybe: expected true or false", result.stderr)
+
     def test_bad_options_name_the_option(self):
         result = subprocess.run([BINARY, "generate", "--checkpoint", self.checkpoint, "--tokens", "1 x"],
                                 capture_output=True, text=True, timeout=60)

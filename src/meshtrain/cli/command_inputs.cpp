@@ -39,15 +39,33 @@ std::vector<int64_t> parse_token_ids(const std::string& text, const std::string&
   return ids;
 }
 
-std::vector<int64_t> prompt_token_ids(const std::string& tokens_text, const std::string& text,
-                                      const std::string& text_option, const tokenizer::Tokenizer* tok,
-                                      const fs::path& dir) {
-  if (!tokens_text.empty()) return parse_token_ids(tokens_text, "--tokens");
+std::vector<std::vector<int64_t>> prompt_documents(const std::vector<std::string>& tokens_texts,
+                                                   const std::vector<std::string>& texts,
+                                                   const std::string& text_option, const tokenizer::Tokenizer* tok,
+                                                   const fs::path& dir) {
+  std::vector<std::vector<int64_t>> documents;
+  for (const std::string& tokens_text : tokens_texts) documents.push_back(parse_token_ids(tokens_text, "--tokens"));
+  if (!documents.empty()) return documents;
   MT_USER_CHECK(tok, "{} needs a tokenizer: {} has neither a tokenizer.json nor a training_state.json that names one; "
                 "pass --tokenizer", text_option, dir.string());
-  std::vector<int64_t> ids;
-  for (uint32_t id : tok->encode(text)) ids.push_back(id);
-  return ids;
+  for (const std::string& text : texts) {
+    std::vector<int64_t>& ids = documents.emplace_back();
+    for (uint32_t id : tok->encode(text)) ids.push_back(id);
+  }
+  return documents;
+}
+
+bool document_mask_override(const std::vector<std::string>& overrides, const std::string& verb) {
+  bool mask = false;
+  for (const std::string& override : overrides) {
+    const std::string key = "data.document_mask=";
+    MT_USER_CHECK(override.compare(0, key.size(), key) == 0,
+                  "{} takes one training key, data.document_mask=true|false; got '{}'", verb, override);
+    const std::string value = override.substr(key.size());
+    MT_USER_CHECK(value == "true" || value == "false", "data.document_mask={}: expected true or false", value);
+    mask = value == "true";
+  }
+  return mask;
 }
 
 std::shared_ptr<const tokenizer::Tokenizer> checkpoint_tokenizer(const fs::path& dir,

@@ -21,12 +21,18 @@ std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& path);
 // is not a non-negative integer.
 std::vector<int64_t> parse_token_ids(const std::string& text, const std::string& option);
 
-// The prompt a verb was given as token ids: `tokens_text` parsed (--tokens) when not empty, else `text` encoded as is
-// (no BOS) with `tok`. UserError naming `text_option` and the checkpoint `dir` when text needs a tokenizer and `tok`
-// is null.
-std::vector<int64_t> prompt_token_ids(const std::string& tokens_text, const std::string& text,
-                                      const std::string& text_option, const tokenizer::Tokenizer* tok,
-                                      const std::filesystem::path& dir);
+// The documents a verb was given, each as token ids: every `tokens_texts` entry parsed (--tokens, repeatable) when
+// there are any, else every `texts` entry encoded as is (no BOS) with `tok`. In a row they follow one another, as
+// `prepare` packs documents. UserError naming `text_option` and the checkpoint `dir` when text needs a tokenizer and
+// `tok` is null.
+std::vector<std::vector<int64_t>> prompt_documents(const std::vector<std::string>& tokens_texts,
+                                                   const std::vector<std::string>& texts,
+                                                   const std::string& text_option, const tokenizer::Tokenizer* tok,
+                                                   const std::filesystem::path& dir);
+
+// The training key `data.document_mask` given to a verb as overrides ("data.document_mask=true"): whether the
+// documents of a row are kept apart (false when not given). UserError naming any other override or value.
+bool document_mask_override(const std::vector<std::string>& overrides, const std::string& verb);
 
 // The tokenizer of the checkpoint in `dir`: `name_or_path` when given (--tokenizer); else <dir>/tokenizer.json (a
 // Hugging Face directory); else the one a meshtrain checkpoint records (training_state.json: the tokenizer of the

@@ -1,6 +1,11 @@
 // score_command.cpp — `meshtrain score`: per-token log-probabilities and the mean next-token loss of a text or token
 // sequence under a Hugging Face-format checkpoint. logprobs[i] = log p(token i+1 | tokens 0..i).
 //
+// Several --text (or --tokens) are documents packed in one row, in order, as training packs them; with
+// data.document_mask=true (the training key) each token sees only the earlier tokens of its own document and the
+// positions restart at each document, as in a run trained with the key (the first token of a document is still
+// predicted, from the end of the one before, as the training loss counts it).
+//
 // A Mixtral also reports Hugging Face's aux_loss (the load-balancing loss of model/moe.hpp over the sequence).
 //
 // A hidden option, --dump-reference FILE, also backpropagates the mean loss (plus router_aux_loss_coef x aux_loss for
@@ -26,15 +31,22 @@ namespace meshtrain::cli {
 int score_command(int argc, char** argv) {
   CLI::App app{"Score a text or token sequence: per-token log-probabilities and the mean next-token loss.",
                "meshtrain score"};
-  std::string checkpoint, text, tokens_text, tokenizer_name, dump_path;
+  std::string checkpoint, tokenizer_name, dump_path;
+  std::vector<std::string> texts, tokens_texts, overrides;
   bool as_json = false;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   app.add_option("--checkpoint", checkpoint,
                  "Hugging Face-format checkpoint directory (config.json + safetensors), or a run's output_dir: its "
                  "newest complete checkpoint")
       ->required();
-  auto* text_option = app.add_option("--text", text, "text to score (encoded as is: no BOS is added)");
-  auto* tokens_option = app.add_option("--tokens", tokens_text, "token ids to score, e.g. \"1 2 3\"");
+  auto* text_option = app.add_option("--text", texts,
+                                     "text to score (encoded as is: no BOS is added); repeated: documents packed in "
+                                     "one row");
+  auto* tokens_option = app.add_option("--tokens", tokens_texts, "token ids to score, e.g. \"1 2 3\"; repeated: "
+                                       "documents packed in one row");
+  // One value per occurrence, so that the overrides after them are not taken for more documents.
+  text_option->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  tokens_option->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   text_option->excludes(tokens_option);
   app.add_option("--tokenizer", tokenizer_name,
                  "tokenizer for --text: a name (llama3, gpt2, byte, ...) or a file; default <checkpoint>/tokenizer.json, "
@@ -42,18 +54,24 @@ int score_command(int argc, char** argv) {
   app.add_flag("--json", as_json, "print {\"loss\": mean, \"logprobs\": [...]}");
   app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
   app.add_option("--dump-reference", dump_path)->group("");  // hidden: for the Python reference tests
+  app.add_option("overrides", overrides, "data.document_mask=true: keep the documents apart (as training does)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  MT_USER_CHECK(!text.empty() || !tokens_text.empty(), "give --text TEXT or --tokens \"ID ID ...\"");
+  MT_USER_CHECK(!texts.empty() || !tokens_texts.empty(), "give --text TEXT or --tokens \"ID ID ...\"");
+  const bool document_mask = document_mask_override(overrides, "score");
   MT_USER_CHECK(threads > 0, "--threads must be positive, got {}", threads);
   at::set_num_threads(threads);
   checkpoint = resolve_checkpoint_dir(checkpoint).string();
 
   const std::shared_ptr<const tokenizer::Tokenizer> tok = checkpoint_tokenizer(checkpoint, tokenizer_name);
-  const std::vector<int64_t> ids = prompt_token_ids(tokens_text, text, "--text", tok.get(), checkpoint);
+  std::vector<int64_t> ids, documents;  // the row, and each token's document
+  for (const std::vector<int64_t>& document : prompt_documents(tokens_texts, texts, "--text", tok.get(), checkpoint)) {
+    ids.insert(ids.end(), document.begin(), document.end());
+    documents.insert(documents.end(), document.size(), documents.empty() ? 0 : documents.back() + 1);
+  }
   MT_USER_CHECK(ids.size() >= 2, "scoring needs at least 2 tokens (each is predicted from those before it), got {}",
                 ids.size());
 
@@ -67,7 +85,9 @@ int score_command(int argc, char** argv) {
   torch::Tensor inputs_BT = tokens_BT.narrow(1, 0, T - 1), targets_BT = tokens_BT.narrow(1, 1, T - 1);
   std::optional<torch::NoGradGuard> no_grad;
   if (dump_path.empty()) no_grad.emplace();
-  torch::Tensor logits_BTV = llama.forward(inputs_BT);
+  const torch::Tensor documents_BT =
+      document_mask ? torch::tensor(documents, torch::kInt64).view({1, T}).narrow(1, 0, T - 1) : torch::Tensor();
+  torch::Tensor logits_BTV = llama.forward(inputs_BT, documents_BT);
   torch::Tensor loss = model::token_cross_entropy(logits_BTV, targets_BT);
   torch::Tensor logprobs_T = model::target_logprobs(logits_BTV, targets_BT).squeeze(0).detach();
   const model::RouterStats* router = llama.router_stats().get();  // a Mixtral's routing of this sequence

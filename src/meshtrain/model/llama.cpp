@@ -311,8 +311,9 @@ torch::Tensor LlamaForCausalLM::head_weight() {
   return lm_head ? lm_head->named_parameters()["weight"] : model->embed_tokens->weight;
 }
 
-torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT) {
-  return compute_matmul(hidden_states(tokens_BT), head_weight().to(compute_dtype_).t()).to(torch::kFloat32);
+torch::Tensor LlamaForCausalLM::forward(const torch::Tensor& tokens_BT, const torch::Tensor& documents_BT) {
+  return compute_matmul(hidden_states(tokens_BT, documents_BT), head_weight().to(compute_dtype_).t())
+      .to(torch::kFloat32);
 }
 
 torch::Tensor LlamaForCausalLM::loss_sum(const torch::Tensor& tokens_BT, const torch::Tensor& targets_BT,

@@ -205,8 +205,9 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
  public:
   explicit LlamaForCausalLM(const LlamaConfig& config);
 
-  // Logits [B, T, V] in fp32 for int64 tokens [B, T] (T <= max_position_embeddings).
-  torch::Tensor forward(const torch::Tensor& tokens_BT);
+  // Logits [B, T, V] in fp32 for int64 tokens [B, T] (T <= max_position_embeddings); documents_BT as for
+  // hidden_states.
+  torch::Tensor forward(const torch::Tensor& tokens_BT, const torch::Tensor& documents_BT = {});
   // The final-normed hidden states [B, T, D] in the compute dtype: the output head's input.
   // `documents_BT` (int64 [B, T], optional): keeps the documents packed in a row apart (RopeTables).
   torch::Tensor hidden_states(const torch::Tensor& tokens_BT, const torch::Tensor& documents_BT = {});
