@@ -39,6 +39,17 @@ std::vector<int64_t> parse_token_ids(const std::string& text, const std::string&
   return ids;
 }
 
+void add_document_options(CLI::App& app, DocumentOptions& into, const std::string& text_flag,
+                          const std::string& text_help, const std::string& tokens_help, const std::string& mask_help) {
+  CLI::Option* text_option = app.add_option(text_flag, into.texts, text_help);
+  CLI::Option* tokens_option = app.add_option("--tokens", into.tokens_texts, tokens_help);
+  // One value per occurrence, so that the overrides after them are not taken for more documents.
+  for (CLI::Option* option : {text_option, tokens_option})
+    option->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  text_option->excludes(tokens_option);
+  app.add_option("overrides", into.overrides, mask_help);
+}
+
 std::vector<std::vector<int64_t>> prompt_documents(const std::vector<std::string>& tokens_texts,
                                                    const std::vector<std::string>& texts,
                                                    const std::string& text_option, const tokenizer::Tokenizer* tok,

@@ -1,8 +1,10 @@
-// command_inputs.hpp — what several verbs read from their options: token ids typed by a user, and the tokenizer that
-// goes with a checkpoint.
+// command_inputs.hpp — what several verbs read from their options: token ids and documents typed by a user, and the
+// tokenizer that goes with a checkpoint.
 #pragma once
 
 #include "meshtrain/tokenizer/tokenizer.hpp"
+
+#include <CLI/CLI.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -20,6 +22,15 @@ std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& path);
 // Token ids separated by spaces, commas or newlines ("1 2 3", "1,2,3"). UserError naming `option` for anything that
 // is not a non-negative integer.
 std::vector<int64_t> parse_token_ids(const std::string& text, const std::string& option);
+
+// The options that give a verb its documents: `text_flag` (text, encoded with the tokenizer) or --tokens (ids), each
+// repeatable with one value per occurrence (documents packed one after the other in a row), one kind or the other;
+// and the positional overrides, where the training key data.document_mask goes (document_mask_override).
+struct DocumentOptions {
+  std::vector<std::string> texts, tokens_texts, overrides;
+};
+void add_document_options(CLI::App& app, DocumentOptions& into, const std::string& text_flag,
+                          const std::string& text_help, const std::string& tokens_help, const std::string& mask_help);
 
 // The documents a verb was given, each as token ids: every `tokens_texts` entry parsed (--tokens, repeatable) when
 // there are any, else every `texts` entry encoded as is (no BOS) with `tok`. In a row they follow one another, as

@@ -28,7 +28,7 @@ int generate_command(int argc, char** argv) {
   CLI::App app{"Generate tokens after a prompt from a checkpoint (greedy, or sampled with a seed).",
                "meshtrain generate"};
   std::string checkpoint, tokenizer_name;
-  std::vector<std::string> prompts, tokens_texts, overrides;
+  DocumentOptions inputs;
   int64_t max_new_tokens = 32;
   model::SamplingOptions sampling;
   bool as_json = false;
@@ -37,15 +37,12 @@ int generate_command(int argc, char** argv) {
                  "a checkpoint directory (one meshtrain saved, or a Hugging Face Llama directory), or a run's "
                  "output_dir: its newest complete checkpoint")
       ->required();
-  auto* prompt_option = app.add_option("--prompt", prompts,
-                                       "the prompt text (encoded as is: no BOS is added); repeated: documents packed "
-                                       "one after the other");
-  auto* tokens_option = app.add_option("--tokens", tokens_texts, "the prompt as token ids, e.g. \"1 2 3\"; repeated: "
-                                       "documents");
-  // One value per occurrence, so that the overrides after them are not taken for more documents.
-  prompt_option->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  tokens_option->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  prompt_option->excludes(tokens_option);
+  add_document_options(app, inputs, "--prompt",
+                       "the prompt text (encoded as is: no BOS is added); repeated: documents packed one after the "
+                       "other",
+                       "the prompt as token ids, e.g. \"1 2 3\"; repeated: documents",
+                       "data.document_mask=true: the continuation sees only the prompt's last document (as training "
+                       "with the key does)");
   app.add_option("--max-new-tokens", max_new_tokens, "how many tokens to generate")->capture_default_str();
   app.add_option("--temperature", sampling.temperature, "0: greedy; more: sample from softmax(logits / T)")
       ->capture_default_str();
@@ -59,16 +56,13 @@ int generate_command(int argc, char** argv) {
                  "meshtrain checkpoint was trained on");
   app.add_flag("--json", as_json, "print {\"tokens\": [new ids], \"text\": their text}");
   app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
-  app.add_option("overrides", overrides,
-                 "data.document_mask=true: the continuation sees only the prompt's last document (as training with "
-                 "the key does)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  MT_USER_CHECK(!prompts.empty() || !tokens_texts.empty(), "give --prompt TEXT or --tokens \"ID ID ...\"");
-  const bool document_mask = document_mask_override(overrides, "generate");
+  MT_USER_CHECK(!inputs.texts.empty() || !inputs.tokens_texts.empty(), "give --prompt TEXT or --tokens \"ID ID ...\"");
+  const bool document_mask = document_mask_override(inputs.overrides, "generate");
   MT_USER_CHECK(threads > 0, "--threads must be positive, got {}", threads);
   sampling.validate();
   at::set_num_threads(threads);
@@ -77,7 +71,7 @@ int generate_command(int argc, char** argv) {
   const std::shared_ptr<const tokenizer::Tokenizer> tok = checkpoint_tokenizer(checkpoint, tokenizer_name);
   // With documents kept apart the new tokens attend to their own document only: the last one, from its position 0.
   const std::vector<std::vector<int64_t>> documents =
-      prompt_documents(tokens_texts, prompts, "--prompt", tok.get(), checkpoint);
+      prompt_documents(inputs.tokens_texts, inputs.texts, "--prompt", tok.get(), checkpoint);
   std::vector<int64_t> prompt_ids;
   for (size_t d = document_mask ? documents.size() - 1 : 0; d < documents.size(); ++d)
     prompt_ids.insert(prompt_ids.end(), documents[d].begin(), documents[d].end());

@@ -32,43 +32,38 @@ int score_command(int argc, char** argv) {
   CLI::App app{"Score a text or token sequence: per-token log-probabilities and the mean next-token loss.",
                "meshtrain score"};
   std::string checkpoint, tokenizer_name, dump_path;
-  std::vector<std::string> texts, tokens_texts, overrides;
+  DocumentOptions inputs;
   bool as_json = false;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   app.add_option("--checkpoint", checkpoint,
                  "Hugging Face-format checkpoint directory (config.json + safetensors), or a run's output_dir: its "
                  "newest complete checkpoint")
       ->required();
-  auto* text_option = app.add_option("--text", texts,
-                                     "text to score (encoded as is: no BOS is added); repeated: documents packed in "
-                                     "one row");
-  auto* tokens_option = app.add_option("--tokens", tokens_texts, "token ids to score, e.g. \"1 2 3\"; repeated: "
-                                       "documents packed in one row");
-  // One value per occurrence, so that the overrides after them are not taken for more documents.
-  text_option->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  tokens_option->expected(1)->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  text_option->excludes(tokens_option);
+  add_document_options(app, inputs, "--text",
+                       "text to score (encoded as is: no BOS is added); repeated: documents packed in one row",
+                       "token ids to score, e.g. \"1 2 3\"; repeated: documents packed in one row",
+                       "data.document_mask=true: keep the documents apart (as training does)");
   app.add_option("--tokenizer", tokenizer_name,
                  "tokenizer for --text: a name (llama3, gpt2, byte, ...) or a file; default <checkpoint>/tokenizer.json, "
                  "or the tokenizer of the data a meshtrain checkpoint was trained on");
   app.add_flag("--json", as_json, "print {\"loss\": mean, \"logprobs\": [...]}");
   app.add_option("--threads", threads, "torch intra-op threads")->capture_default_str();
   app.add_option("--dump-reference", dump_path)->group("");  // hidden: for the Python reference tests
-  app.add_option("overrides", overrides, "data.document_mask=true: keep the documents apart (as training does)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  MT_USER_CHECK(!texts.empty() || !tokens_texts.empty(), "give --text TEXT or --tokens \"ID ID ...\"");
-  const bool document_mask = document_mask_override(overrides, "score");
+  MT_USER_CHECK(!inputs.texts.empty() || !inputs.tokens_texts.empty(), "give --text TEXT or --tokens \"ID ID ...\"");
+  const bool document_mask = document_mask_override(inputs.overrides, "score");
   MT_USER_CHECK(threads > 0, "--threads must be positive, got {}", threads);
   at::set_num_threads(threads);
   checkpoint = resolve_checkpoint_dir(checkpoint).string();
 
   const std::shared_ptr<const tokenizer::Tokenizer> tok = checkpoint_tokenizer(checkpoint, tokenizer_name);
   std::vector<int64_t> ids, documents;  // the row, and each token's document
-  for (const std::vector<int64_t>& document : prompt_documents(tokens_texts, texts, "--text", tok.get(), checkpoint)) {
+  for (const std::vector<int64_t>& document : prompt_documents(inputs.tokens_texts, inputs.texts, "--text", tok.get(),
+                                                                         checkpoint)) {
     ids.insert(ids.end(), document.begin(), document.end());
     documents.insert(documents.end(), document.size(), documents.empty() ? 0 : documents.back() + 1);
   }
