@@ -206,13 +206,14 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
     : model_(checked_for_mesh(std::move(model), ctx.mesh())),
       ctx_(ctx),
       options_(options),
+      roles_(ctx.mesh()),
       fsdp_comm_(ctx.over(mesh::Axis::fsdp)),
       tensor_comm_(ctx.over(mesh::Axis::tensor)),
       expert_comm_(ctx.over(mesh::Axis::expert)),
-      dense_gradient_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).dense_gradient_axes())),
-      expert_gradient_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).expert_gradient_axes())),
-      batch_comm_(ctx.over(mesh::MeshRoles(ctx.mesh()).token_axes())) {
-  if (mesh::MeshRoles(ctx.mesh()).context_split()) {
+      dense_gradient_comm_(ctx.over(roles_.dense_gradient_axes())),
+      expert_gradient_comm_(ctx.over(roles_.expert_gradient_axes())),
+      batch_comm_(ctx.over(roles_.token_axes())) {
+  if (roles_.context_split()) {
     context_ = std::make_unique<ContextParallel>(ctx.over(mesh::Axis::context));
     model_->set_context_exchange(context_.get());
   }

@@ -111,6 +111,7 @@ class ParallelModel {
   std::shared_ptr<model::LlamaForCausalLM> model_;
   runtime::DeviceContext& ctx_;
   ParallelOptions options_;
+  mesh::MeshRoles roles_;  // of ctx_'s mesh
   runtime::Comm& fsdp_comm_;
   runtime::Comm& tensor_comm_;
   runtime::Comm& expert_comm_;
