@@ -26,7 +26,7 @@ constexpr int64_t kProbeRows = 256, kProbeMinWidth = 256, kProbeMaxWidth = 1024,
 constexpr double kProbeSeconds = 0.02;  // per dtype after its warm-up product; one product at least
 
 // a_NI @ b_IO as an fp32 GEMM of bf16 values, rounded to bf16; the gradients the same way from the saved bf16
-// operands. b is [I, O] (rows of a folded into N) or has a's leading dimensions.
+// operands. b is [I, O] (rows of a folded into N).
 struct Fp32GemmOfBf16 : torch::autograd::Function<Fp32GemmOfBf16> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a_NI, const torch::Tensor& b_IO) {
     ctx->save_for_backward({a_NI, b_IO});
@@ -42,10 +42,8 @@ struct Fp32GemmOfBf16 : torch::autograd::Function<Fp32GemmOfBf16> {
       grad_a_NI = torch::matmul(grad32_NO, b_IO.to(torch::kFloat32).transpose(-1, -2)).to(torch::kBFloat16);
     if (ctx->needs_input_grad(1)) {
       const torch::Tensor a32_NI = a_NI.to(torch::kFloat32);
-      grad_b_IO = b_IO.dim() == 2 ? torch::matmul(a32_NI.reshape({-1, a_NI.size(-1)}).t(),
-                                                  grad32_NO.reshape({-1, grad32_NO.size(-1)}))
-                                  : torch::matmul(a32_NI.transpose(-1, -2), grad32_NO);
-      grad_b_IO = grad_b_IO.to(torch::kBFloat16);
+      grad_b_IO = torch::matmul(a32_NI.reshape({-1, a_NI.size(-1)}).t(), grad32_NO.reshape({-1, grad32_NO.size(-1)}))
+                      .to(torch::kBFloat16);
     }
     return {grad_a_NI, grad_b_IO};
   }
@@ -125,10 +123,8 @@ torch::Tensor gemm_operand(const torch::Tensor& t, torch::Dtype compute_dtype) {
 torch::Tensor compute_matmul(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != torch::kBFloat16 || bf16_matmul() == Bf16Matmul::native) return torch::matmul(a, b);
   MT_CHECK(b.scalar_type() == torch::kBFloat16, "compute_matmul: a is bf16, b is {}", c10::toString(b.scalar_type()));
-  MT_CHECK(a.dim() >= 2 && (b.dim() == 2 || (b.dim() == a.dim() && a.sizes().slice(0, a.dim() - 2) ==
-                                                                         b.sizes().slice(0, b.dim() - 2))),
-           "compute_matmul: expected a [..., N, I] with b [I, O] or [..., I, O], got {} and {}", c10::str(a.sizes()),
-           c10::str(b.sizes()));
+  MT_CHECK(a.dim() >= 2 && b.dim() == 2, "compute_matmul: expected a [..., N, I] with b [I, O], got {} and {}",
+           c10::str(a.sizes()), c10::str(b.sizes()));
   return Fp32GemmOfBf16::apply(a, b);
 }
 

@@ -76,7 +76,7 @@ torch::Tensor gemm_operand(const torch::Tensor& t, torch::Dtype compute_dtype);
 
 // a @ b in their dtype (both fp32 or both bf16), differentiable; bf16 on fp32_gemm saves the bf16 operands for
 // backward, and its gradients are fp32 GEMMs of bf16 values too, rounded to bf16. Shapes: a [..., N, I] with
-// b [I, O] (a projection) or b [..., I, O] with the same leading dimensions; the result is [..., N, O].
+// b [I, O] (a projection); the result is [..., N, O].
 torch::Tensor compute_matmul(const torch::Tensor& a, const torch::Tensor& b);
 
 }  // namespace meshtrain::model
