@@ -10,6 +10,7 @@
 // too. The other lanes (about 1 in 1000) are recomputed by the scalar generator.
 #include "meshtrain/model/parameter_init.hpp"
 
+#include "meshtrain/common/error.hpp"
 #include "meshtrain/common/mix.hpp"
 
 #include <ATen/Parallel.h>
@@ -204,9 +205,15 @@ NormalsKernel normals_kernel() {
 
 }  // namespace
 
-at::Tensor initial_values(const config::LlamaConfig& config, uint64_t seed, const ParameterSlice& slice) {
-  if (slice.full_shape.size() <= 1) return at::ones({slice.numel()}, at::kFloat);  // RMSNorm weights
-  at::Tensor out = at::empty({slice.numel()}, at::kFloat);
+void fill_initial_values(const config::LlamaConfig& config, uint64_t seed, const ParameterSlice& slice,
+                         const at::Tensor& out) {
+  MT_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == slice.numel(),
+           "initial values of {} into a tensor of {} {} elements", slice.describe(), out.numel(),
+           c10::toString(out.scalar_type()));
+  if (slice.full_shape.size() <= 1) {  // RMSNorm weights
+    out.fill_(1);
+    return;
+  }
   float* out_data = out.data_ptr<float>();
   const uint64_t key = splitmix64(seed ^ fnv1a(slice.name));
   const float std = static_cast<float>(config.initializer_range);
@@ -218,11 +225,18 @@ at::Tensor initial_values(const config::LlamaConfig& config, uint64_t seed, cons
           kernel(key, whole_index, count, std, out_data + begin + offset);
         });
   });
+}
+
+at::Tensor initial_values(const config::LlamaConfig& config, uint64_t seed, const ParameterSlice& slice) {
+  at::Tensor out = at::empty({slice.numel()}, at::kFloat);
+  fill_initial_values(config, seed, slice, out);
   return out;
 }
 
 SliceSource initial_value_source(const config::LlamaConfig& config, uint64_t seed) {
-  return [config, seed](const ParameterSlice& slice) { return initial_values(config, seed, slice); };
+  return [config, seed](const ParameterSlice& slice, const at::Tensor& out) {
+    fill_initial_values(config, seed, slice, out);
+  };
 }
 
 }  // namespace meshtrain::model
