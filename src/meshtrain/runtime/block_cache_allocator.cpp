@@ -24,7 +24,6 @@ namespace meshtrain::runtime {
 namespace {
 
 constexpr size_t kPageBytes = 4096;
-constexpr size_t kHugePageBytes = size_t{2} << 20;  // x86-64's transparent huge page
 
 // Beyond the peak of live bytes, the cache may keep this fraction of it mapped (at least 64 MiB):
 // set_block_cache_slack(), the config's memory.cache_slack.
@@ -77,16 +76,7 @@ class BlockCache {
       data = ::mremap(resizing->data, resizing->size, size, MREMAP_MAYMOVE);
       if (data == MAP_FAILED) ::munmap(resizing->data, resizing->size);
     }
-    if (data == MAP_FAILED) {
-      data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      // Transparent huge pages where the kernel offers them on request (`madvise`, Debian's default): a 2 MiB page
-      // faults in 7 times faster than its 512 small pages (400 MB: 0.06 s against 0.43 s here), which is most of
-      // what allocating the model's state (parameters, gradients, moments) at start-up costs. Only over the
-      // requested bytes: a huge page across the end of the request would make the size class's spare bytes resident
-      // (+0.1 GB at the peak of llama-100m on 1 device). A no-op where the kernel gives none.
-      const size_t huge_bytes = bytes / kHugePageBytes * kHugePageBytes;
-      if (data != MAP_FAILED && huge_bytes > 0) ::madvise(data, huge_bytes, MADV_HUGEPAGE);
-    }
+    if (data == MAP_FAILED) data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     std::lock_guard<std::mutex> lock(mutex_);
     if (data == MAP_FAILED) {
       stats_.live_bytes -= size;
