@@ -2,6 +2,7 @@
 // projections), properties (causality, GQA == MHA with repeated heads, bf16 close to fp32), KV-cached decoding against
 // the full forward, greedy and seeded generation, and a short training run.
 // Numerical parity with an independent reference is tests/python/test_model_reference.py.
+#include "meshtrain/common/checksum.hpp"
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/model/generation.hpp"
@@ -382,6 +383,22 @@ TEST(ParameterInitTest, AnySliceEqualsTheSameElementsOfTheWholeParameter) {
     return other;
   }())));
   EXPECT_TRUE(at::equal(initial_values(config, 5, ParameterSlice::whole("model.norm.weight", {64})), at::ones({64})));
+}
+
+// The initial values are part of every run's results (losses, checkpoints): their bits are pinned, here by the
+// CRC-32C of llama-100m's embedding table (24.6 M values) and of a tensor-parallel block of a projection, as the
+// scalar initializer (glibc's log and cos) produced them at 1be5681.
+TEST(ParameterInitTest, ValuesAreBitwiseThoseOfTheScalarInitializer) {
+  const LlamaConfig config = model_config("llama-100m");
+  const auto crc_of = [](const at::Tensor& values) {
+    return crc32c(values.data_ptr<float>(), static_cast<size_t>(values.numel()) * sizeof(float));
+  };
+  EXPECT_EQ(crc_of(initial_values(config, 0, ParameterSlice::whole("model.embed_tokens.weight", {32000, 768}))),
+            0xaeea4eb4u);
+  ParameterSlice block = ParameterSlice::whole("model.layers.3.mlp.down_proj.weight", {768, 2048});
+  block.col_begin = 1021;  // columns 1021..2045, elements 3..700003 of the block: runs that start and end mid-row
+  block.cols = 1024;
+  EXPECT_EQ(crc_of(initial_values(config, 1234, block.range(3, 700003))), 0x2aa31309u);
 }
 
 }  // namespace

@@ -137,6 +137,14 @@ CheckpointTensors CheckpointTensors::listed_files_starting_with(const fs::path& 
 }
 
 at::Tensor CheckpointTensors::read(const ParameterSlice& slice, const std::string& suffix) const {
+  at::Tensor out = at::empty({slice.numel()}, at::kFloat);
+  read_into(slice, out, suffix);
+  return out;
+}
+
+void CheckpointTensors::read_into(const ParameterSlice& slice, const at::Tensor& out, const std::string& suffix) const {
+  MT_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == slice.numel(),
+           "{} read into a tensor of {} {} elements", slice.describe(), out.numel(), c10::toString(out.scalar_type()));
   const std::string name = slice.name + suffix;
   auto it = where_.find(name);
   MT_USER_CHECK(it != where_.end(), "{}: the checkpoint has no tensor '{}'", dir_.string(), name);
@@ -144,15 +152,17 @@ at::Tensor CheckpointTensors::read(const ParameterSlice& slice, const std::strin
   const SafetensorsEntry& e = file.entries()[it->second.second];
   MT_USER_CHECK(e.shape == slice.full_shape, "{}: tensor '{}' has shape {}, expected {}", file.path().string(), name,
                 shape_text(e.shape), shape_text(slice.full_shape));
-  at::Tensor out = at::empty({slice.numel()}, at::kFloat);
+  float* out_data = out.data_ptr<float>();
   slice.for_each_run([&](int64_t whole_index, int64_t count, int64_t offset) {
-    out.narrow(0, offset, count).copy_(read_elements(file, e, whole_index, count));
+    if (e.dtype == checkpoint::SafetensorsDtype::F32)
+      file.read_elements(e, whole_index, count, out_data + offset);
+    else
+      out.narrow(0, offset, count).copy_(read_elements(file, e, whole_index, count));
   });
-  return out;
 }
 
 SliceSource CheckpointTensors::source(const std::string& suffix) const {
-  return [this, suffix](const ParameterSlice& slice) { return read(slice, suffix); };
+  return [this, suffix](const ParameterSlice& slice, const at::Tensor& out) { read_into(slice, out, suffix); };
 }
 
 namespace {

@@ -41,7 +41,9 @@ class CheckpointTensors {
   // The values of `slice` of the tensor `slice.name + suffix` as fp32 [slice.numel()]; UserError naming the
   // directory and tensor if it is missing, or the file if its shape is not slice.full_shape.
   at::Tensor read(const ParameterSlice& slice, const std::string& suffix = "") const;
-  // read(slice, suffix) as a SliceSource (it refers to this object).
+  // read() into `out` (fp32, contiguous, [slice.numel()]); fp32 tensors are read into it directly.
+  void read_into(const ParameterSlice& slice, const at::Tensor& out, const std::string& suffix = "") const;
+  // read_into(slice, out, suffix) as a SliceSource (it refers to this object).
   SliceSource source(const std::string& suffix = "") const;
 
  private:

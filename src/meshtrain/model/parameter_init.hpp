@@ -16,10 +16,13 @@
 
 namespace meshtrain::model {
 
+// Writes the initial values of `slice` into `out` (fp32, contiguous, [slice.numel()]).
+void fill_initial_values(const config::LlamaConfig& config, uint64_t seed, const ParameterSlice& slice,
+                         const at::Tensor& out);
 // The initial values of `slice` (fp32 [slice.numel()]).
 at::Tensor initial_values(const config::LlamaConfig& config, uint64_t seed, const ParameterSlice& slice);
 
-// initial_values as a SliceSource.
+// fill_initial_values as a SliceSource.
 SliceSource initial_value_source(const config::LlamaConfig& config, uint64_t seed);
 
 }  // namespace meshtrain::model

@@ -55,16 +55,14 @@ std::string ParameterSlice::describe() const {
 }
 
 SliceSource slices_of_whole_tensors(std::function<at::Tensor(const std::string&)> whole_of) {
-  return [whole_of = std::move(whole_of)](const ParameterSlice& slice) {
+  return [whole_of = std::move(whole_of)](const ParameterSlice& slice, const at::Tensor& out) {
     const at::Tensor whole = whole_of(slice.name).contiguous();
     MT_CHECK(whole.sizes().vec() == slice.full_shape, "{}: the whole tensor has shape {}", slice.describe(),
              c10::str(whole.sizes()));
     const at::Tensor flat = whole.reshape({-1});
-    at::Tensor out = at::empty({slice.numel()}, at::kFloat);
     slice.for_each_run([&](int64_t whole_index, int64_t count, int64_t offset) {
       out.narrow(0, offset, count).copy_(flat.narrow(0, whole_index, count));
     });
-    return out;
   };
 }
 

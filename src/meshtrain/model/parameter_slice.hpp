@@ -35,8 +35,9 @@ struct ParameterSlice {
   std::string describe() const;  // "model.norm.weight[0:768 of block rows 0:1 cols 0:768]"
 };
 
-// The values of a slice, fp32 [slice.numel()].
-using SliceSource = std::function<at::Tensor(const ParameterSlice&)>;
+// Writes the values of a slice into `out` (fp32, contiguous, [slice.numel()]: where they are kept, a piece of a
+// shard, so that no copy of them is made on the way).
+using SliceSource = std::function<void(const ParameterSlice& slice, const at::Tensor& out)>;
 
 // Slices cut from whole tensors: `whole_of(name)` returns the whole parameter (any float dtype).
 SliceSource slices_of_whole_tensors(std::function<at::Tensor(const std::string&)> whole_of);
