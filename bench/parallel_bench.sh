@@ -284,7 +284,7 @@ print(f"settings: meshtrain 1 device {m1['settings'] if m1 else '-'}, 2 devices 
       f"its own allocator (runtime/block_cache_allocator.hpp)\n"
       f"          pytorch world 1 {env(p1)}; world 2 {env(p2)}")
 
-w = 38
+w = 42
 print(f"{'run':<{w}}{'tokens/s':>10}{'step s':>9}{'compute s':>11}{'comm s':>9}{'data s':>9}{'last loss':>11}")
 for name, r in runs:
     if r is None:
