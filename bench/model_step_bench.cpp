@@ -20,7 +20,11 @@
 // --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
 // profiler adds its own cost per op) and writes a Chrome trace, DIR/meshtrain.json and DIR/pytorch.json;
 // bench/step_profile.py DIR/*.json --steps N lists the top operators by self time per step.
+//
+// The record opens with a header naming the CPU (model and the flags that decide matmul speed), the commit of the
+// source and the load average before and after the run.
 #include "meshtrain/common/atomic_file.hpp"
+#include "meshtrain/common/cpu_info.hpp"
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
@@ -40,6 +44,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -47,7 +52,35 @@ using namespace meshtrain;
 
 namespace {
 
-// Runs bench/model_step_peer.py on the same model and shapes; its tokens/s, or -1 when it failed (printed).
+// The standard output of a shell command; nullopt when it cannot start or exits non-zero.
+std::optional<std::string> command_output(const std::string& command) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  std::string output;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+  if (::pclose(pipe) != 0) return std::nullopt;
+  return output;
+}
+
+// "0.52 0.61 0.70": the 1, 5 and 15-minute load averages.
+std::string load_average() {
+  std::ifstream file("/proc/loadavg");
+  std::string one, five, fifteen;
+  file >> one >> five >> fifteen;
+  return fmt::format("{} {} {}", one, five, fifteen);
+}
+
+// "commit 529a2d2" (" with uncommitted changes"), or "commit unknown" outside a git checkout.
+std::string source_commit() {
+  const std::string git = fmt::format("git -C '{}' ", MESHTRAIN_SOURCE_DIR);
+  const std::optional<std::string> head = command_output(git + "rev-parse --short HEAD 2>/dev/null");
+  if (!head) return "commit unknown";
+  const std::optional<std::string> changes = command_output(git + "status --porcelain --untracked-files=no");
+  return fmt::format("commit {}{}", head->substr(0, head->find('\n')),
+                     changes && !changes->empty() ? " with uncommitted changes" : "");
+}
+
 // What the peer reports: its throughput and the loss of each of its steps (the warm-up step's first).
 struct PeerResult {
   double tokens_per_s = 0;
@@ -63,15 +96,12 @@ std::optional<PeerResult> run_peer(const config::LlamaConfig& config, const std:
       "/usr/bin/python3 {} --config '{}' --start '{}' --threads {} --dtype {} --steps {}", peer_script,
       config.to_hf_json("float32").dump(), start_file, threads, dtype_name, steps) +
       (trace_dir.empty() ? "" : fmt::format(" --trace '{}/pytorch.json'", trace_dir));
-  FILE* pipe = ::popen(command.c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
-  if (!pipe || ::pclose(pipe) != 0) {
-    std::cerr << "the PyTorch peer failed: " << command << "\n" << output;
+  const std::optional<std::string> output = command_output(command);
+  if (!output) {
+    std::cerr << "the PyTorch peer failed: " << command << "\n";
     return std::nullopt;
   }
-  const nlohmann::json result = nlohmann::json::parse(output);
+  const nlohmann::json result = nlohmann::json::parse(*output);
   return PeerResult{result.at("tokens_per_s").get<double>(), result.at("losses").get<std::vector<double>>()};
 }
 
@@ -108,6 +138,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-peer", no_peer, "time meshtrain only (no PyTorch peer, no ratio)");
   app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
   CLI11_PARSE(app, argc, argv);
+  const std::string load_before = load_average();
   const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   at::set_num_threads(threads);
 
@@ -188,7 +219,13 @@ int main(int argc, char** argv) {
   const model::MatmulPeak peak = model::measure_matmul_peak(gemm, 2048, 2.0);
   const double flops_per_token = config.training_flops_per_token(seq);
   auto mfu = [&](double tokens_per_s) { return 100 * tokens_per_s * flops_per_token / (peak.gflops * 1e9); };
-  std::string report = fmt::format("model {} ({:.1f}M parameters), batch {} x seq {}, {} threads, {} compute, {} timed "
+  const CpuInfo cpu = read_cpu_info();
+  std::string report = fmt::format("model_step_bench: CPU {} (SIMD flags: {}), {}; load average (1/5/15 min) "
+                                   "before {}, after {}\n", cpu.model.empty() ? "unknown" : cpu.model,
+                                   cpu.matmul_flags().empty() ? "none of avx fma avx2 avx512f avx512_bf16 amx_bf16"
+                                                              : cpu.matmul_flags(),
+                                   source_commit(), load_before, load_average());
+  report += fmt::format("model {} ({:.1f}M parameters), batch {} x seq {}, {} threads, {} compute, {} timed "
                                    "steps\n", model_name, config.parameter_count() / 1e6, batch, seq, threads,
                                    dtype_name, steps);
   if (!bf16_path.empty()) report += fmt::format("  {}\n", bf16_path);

@@ -6,6 +6,9 @@ torch.autocast for bf16), AdamW. It starts from the weights and trains on the to
 meshtrain's side wrote, so that both sides do the same work. Prints one JSON line:
 {"tokens_per_s": ..., "step_s": [...], "losses": [...]} (losses of every step, the untimed warm-up's first).
 Run by model_step_bench with the same config, threads and dtype.
+
+Also the module bench/ddp_peer.py trains: the Llama, safetensors read and written, and the mapping between Hugging
+Face's parameter names and this module's.
 """
 import argparse
 import json
@@ -102,6 +105,21 @@ class Llama(nn.Module):
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "I64": torch.int64}
 
 
+def module_name(name):
+    """Hugging Face's parameter name ("model.layers.0.mlp.gate_proj.weight") as this module's
+    ("layers.0.gate_proj.weight")."""
+    return name.removeprefix("model.").replace(".mlp.", ".")
+
+
+def hf_name(name):
+    """This module's parameter name as Hugging Face's (module_name's inverse)."""
+    if name.startswith("lm_head."):
+        return name
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = name.replace(f".{proj}.", f".mlp.{proj}.")
+    return "model." + name
+
+
 def read_safetensors(path):
     """{name: tensor} of a safetensors file (8-byte little-endian header size, JSON header, data)."""
     with open(path, "rb") as f:
@@ -118,6 +136,22 @@ def read_safetensors(path):
     return out
 
 
+def write_safetensors(path, tensors):
+    """Writes {name: tensor} as a safetensors file, the tensors in name order, each contiguous."""
+    names = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        blob = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True, help="JSON of the HF LlamaConfig keys")
@@ -132,8 +166,7 @@ def main():
     model = Llama(c)
     start = read_safetensors(a.start)
     tokens = start.pop("tokens")
-    # Hugging Face's names ("model.layers.0.mlp.gate_proj.weight") to this module's ("layers.0.gate_proj.weight").
-    state = {name.removeprefix("model.").replace(".mlp.", "."): value for name, value in start.items()}
+    state = {module_name(name): value for name, value in start.items()}
     model.load_state_dict(state, strict=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch, seq = tokens.shape[0], tokens.shape[1] - 1

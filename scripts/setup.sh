@@ -14,6 +14,7 @@ packages=(
   clang libclang-rt-14-dev            # `make fuzz`: libFuzzer and the sanitizers' runtimes for clang
   libprotobuf-dev protobuf-compiler   # TensorBoard event files (src/meshtrain/tensorboard/event.proto)
   python3-torch python3-numpy         # independent reference implementations and Python peers in tests/bench
+  libjemalloc2 libtcmalloc-minimal4   # the allocators bench/parallel_bench.sh gives its PyTorch peer (PEER_MALLOC)
   iproute2                            # `ip netns`: two hosts on a veth link in tests/python/slow_test_netns.py
   chromium                            # headless: tests/python/test_plot.py renders the run's metrics.svg
 )
