@@ -24,8 +24,9 @@ void expect_commcheck_passes(int hosts, int devices, const std::vector<std::stri
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count(r.output, "commcheck passed on host"), hosts) << r.output;
   EXPECT_EQ(count(r.output, "All processes synchronized"), hosts) << r.output;
-  // Every host logs one line per group kind (data, fsdp, tensor, expert, (data,fsdp), world).
-  EXPECT_EQ(count(r.output, "all correct"), 6 * hosts) << r.output;
+  // Every host logs one line per group kind (data, fsdp, tensor, expert, context, (data,fsdp), world).
+  EXPECT_EQ(count(r.output, "all correct"), 7 * hosts) << r.output;
+  EXPECT_EQ(count(r.output, "commcheck over world"), hosts) << r.output;
   EXPECT_EQ(count(r.output, "commcheck global tensors: "), hosts) << r.output;
   EXPECT_NE(r.output.find("[host 1] "), std::string::npos) << r.output;
 }
@@ -47,7 +48,9 @@ TEST(MultiHostSlowTest, SeedLayoutLogsMeshLikeTorchprime) {
   ProcessResult r = run_meshtrain(
       {"run", "--hosts", "2", "--devices-per-host", "4", "--", "commcheck", "ici_mesh.fsdp=4", "dcn_mesh.fsdp=2"}, 180);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(count(r.output, "Logical mesh shape: OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1), ('expert', 1), ('context', 1)])"),
+  EXPECT_EQ(count(r.output,
+                  "Logical mesh shape: OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1), ('expert', 1), "
+                  "('context', 1)])"),
             2);
   EXPECT_EQ(count(r.output, "Logical mesh device assignments: [0 1 2 3 4 5 6 7]"), 2);
   EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(\[host 1\]\s+6\s+1\s+2\s+1\s+data=0 fsdp=6 tensor=0 expert=0)")))
