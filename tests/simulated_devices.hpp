@@ -15,8 +15,8 @@
 
 namespace meshtrain::testing {
 
-inline mesh::AxisSizes axis_sizes(int data, int fsdp, int tensor, int expert, int context = 1) {
-  return mesh::AxisSizes{{data, fsdp, tensor, expert, context}};
+inline mesh::AxisSizes axis_sizes(int data, int fsdp, int tensor, int expert, int context = 1, int pipeline = 1) {
+  return mesh::AxisSizes{{data, fsdp, tensor, expert, context, pipeline}};
 }
 
 // Runs `fn` on one thread per device of `mesh`; returns each device's exception message ("" when it returned

@@ -1,17 +1,19 @@
-// tiny_llama.hpp — the small Llama (and Mixtral) the parallel and checkpoint tests build on simulated meshes: 2 layers,
-// hidden 32, 4 query heads over 2 K/V heads; shapes that every test layout (fsdp, tensor, expert up to 4) divides.
+// tiny_llama.hpp — the small Llama (and Mixtral) the parallel and checkpoint tests build on simulated meshes: 2 layers
+// (more for a pipeline's stages), hidden 32, 4 query heads over 2 K/V heads; shapes that every test layout (fsdp,
+// tensor, expert up to 4) divides.
 #pragma once
 
 #include "meshtrain/config/llama_config.hpp"
 
 namespace meshtrain::testing {
 
-inline config::LlamaConfig tiny_llama_config(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
+inline config::LlamaConfig tiny_llama_config(bool tied = false, bool moe = false, int64_t vocab_size = 40,
+                                             int64_t layers = 2) {
   config::LlamaConfig c;
   c.vocab_size = vocab_size;
   c.hidden_size = 32;
   c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
+  c.num_hidden_layers = layers;
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 8;

@@ -8,9 +8,9 @@
 namespace meshtrain::mesh {
 namespace {
 
-Mesh mesh_of(int data, int fsdp, int tensor, int expert, int context = 1) {
-  return Mesh::create(AxisSizes{{data, fsdp, tensor, expert, context}}, AxisSizes{}, 1,
-                      data * fsdp * tensor * expert * context);
+Mesh mesh_of(int data, int fsdp, int tensor, int expert, int context = 1, int pipeline = 1) {
+  return Mesh::create(AxisSizes{{data, fsdp, tensor, expert, context, pipeline}}, AxisSizes{}, 1,
+                      data * fsdp * tensor * expert * context * pipeline);
 }
 
 using Axes = std::vector<Axis>;

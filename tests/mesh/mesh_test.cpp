@@ -8,8 +8,8 @@
 namespace meshtrain::mesh {
 namespace {
 
-AxisSizes sizes(int data, int fsdp, int tensor, int expert, int context = 1) {
-  return AxisSizes{{data, fsdp, tensor, expert, context}};
+AxisSizes sizes(int data, int fsdp, int tensor, int expert, int context = 1, int pipeline = 1) {
+  return AxisSizes{{data, fsdp, tensor, expert, context, pipeline}};
 }
 
 std::vector<int> order(const Mesh& m) { return m.device_ids_in_mesh_order(); }
@@ -17,7 +17,7 @@ std::vector<int> order(const Mesh& m) { return m.device_ids_in_mesh_order(); }
 TEST(MeshTest, SingleSliceIsAReshapeOfTheDevices) {
   Mesh m = Mesh::create(sizes(1, 8, 1, 1), sizes(1, 1, 1, 1), 2, 4);
   EXPECT_EQ(order(m), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
-  EXPECT_EQ(m.shape_string(), "OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1), ('expert', 1), ('context', 1)])");
+  EXPECT_EQ(m.shape_string(), "OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1), ('expert', 1), ('context', 1), ('pipeline', 1)])");
   EXPECT_EQ(m.assignments_string(), "[0 1 2 3 4 5 6 7]");
   EXPECT_EQ(m.device(5).host, 1);
   EXPECT_EQ(m.device(5).local, 1);
@@ -83,7 +83,7 @@ TEST(MeshTest, MismatchSpellsOutTheEquation) {
     FAIL() << "expected an error";
   } catch (const UserError& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("data=1 x fsdp=4 x tensor=1 x expert=1 x context=1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("data=1 x fsdp=4 x tensor=1 x expert=1 x context=1 x pipeline=1"), std::string::npos) << msg;
     EXPECT_NE(msg.find("2 hosts x 4 devices per host = 8 devices"), std::string::npos) << msg;
   }
   EXPECT_THROW(Mesh::create(sizes(1, 3, 1, 1), sizes(1, -1, 1, 1), 2, 4), UserError);

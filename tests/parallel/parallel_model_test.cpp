@@ -33,16 +33,17 @@ constexpr int64_t kRows = 8, kSeq = 16;
 constexpr uint64_t kSeed = 7;
 
 // The whole model, initialized on one device.
-std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe = false, int64_t vocab_size = 40) {
-  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_llama_config(tied, moe, vocab_size));
+std::shared_ptr<model::LlamaForCausalLM> fresh_model(bool tied = false, bool moe = false, int64_t vocab_size = 40,
+                                                     int64_t layers = 2) {
+  auto m = std::make_shared<model::LlamaForCausalLM>(tiny_llama_config(tied, moe, vocab_size, layers));
   model::initialize_parameters(*m, kSeed);
   return m;
 }
 
 // A device's model on a mesh: built unwritten, each device initializing only its pieces.
 ParallelModel sharded_model(runtime::DeviceContext& ctx, ParallelOptions options = {}, bool tied = false,
-                            bool moe = false, int64_t vocab_size = 40) {
-  const config::LlamaConfig config = tiny_llama_config(tied, moe, vocab_size);
+                            bool moe = false, int64_t vocab_size = 40, int64_t layers = 2) {
+  const config::LlamaConfig config = tiny_llama_config(tied, moe, vocab_size, layers);
   return ParallelModel(std::make_shared<model::LlamaForCausalLM>(config), ctx, options,
                        model::initial_value_source(config, kSeed));
 }
@@ -107,8 +108,8 @@ struct Reference {
 
 // The single-device loss and gradients (a Mixtral's with its load-balancing loss's, as Hugging Face trains it),
 // with the documents of documents_BT() kept apart if `documents`.
-Reference single_device_reference(bool tied, bool moe, int64_t vocab_size, bool documents) {
-  auto m = fresh_model(tied, moe, vocab_size);
+Reference single_device_reference(bool tied, bool moe, int64_t vocab_size, bool documents, int64_t layers) {
+  auto m = fresh_model(tied, moe, vocab_size, layers);
   const at::Tensor t = tokens_BT();
   at::Tensor loss =
       documents ? m->loss_sum(t.narrow(1, 0, kSeq), t.narrow(1, 1, kSeq), documents_BT()) / double(kRows * kSeq)
@@ -125,17 +126,22 @@ Reference single_device_reference(bool tied, bool moe, int64_t vocab_size, bool 
   return ref;
 }
 
-// One forward/backward of the parallel model on `mesh` (batch rows over (data, fsdp, expert), each row's tokens over
-// context in its load-balanced chunks); checks loss, every full gradient and the norm against the single-device run.
+// One step of the parallel model on `mesh` (batch rows over (data, fsdp, expert), each row's tokens over context in
+// its load-balanced chunks, the layers over pipeline in `pipeline`'s stages and schedule) in `passes` forward and
+// backward passes (gradient accumulation); checks loss, every full gradient and the norm against the single-device
+// run.
 void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool moe = false,
-                   int checkpoint_every = 0, int64_t vocab_size = 40, bool documents = false) {
-  const Reference ref = single_device_reference(tied, moe, vocab_size, documents);
+                   int checkpoint_every = 0, int64_t vocab_size = 40, bool documents = false, int64_t layers = 2,
+                   const settings::PipelineSettings& pipeline = {}, int64_t passes = 1) {
+  const Reference ref = single_device_reference(tied, moe, vocab_size, documents, layers);
   std::mutex mutex;
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
     ParallelOptions options;
     options.reshard_after_forward = reshard;
     options.checkpoint_every = checkpoint_every;
-    ParallelModel pm = sharded_model(ctx, options, tied, moe, vocab_size);
+    options.pipeline = pipeline;
+    options.block_size = kSeq;
+    ParallelModel pm = sharded_model(ctx, options, tied, moe, vocab_size, layers);
     const std::vector<Axis> batch_axes{Axis::data, Axis::fsdp, Axis::expert};
     const int parts = mesh.size_along(batch_axes), part = mesh.index_along(ctx.device(), batch_axes);
     const at::Tensor rows = tokens_BT().chunk(parts, 0)[part];
@@ -148,12 +154,14 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool
                      targets = rows.narrow(1, 1, kSeq).index_select(1, positions);
     const at::Tensor row_documents =
         documents ? documents_BT().chunk(parts, 0)[part].index_select(1, positions) : at::Tensor();
-    at::Tensor loss = pm.loss_sum(inputs, targets, row_documents) / static_cast<double>(kRows * kSeq);
-    loss.backward();
-    pm.finish_backward();
+    double loss_sum = 0;
+    for (int64_t k = 0; k < passes; ++k)
+      loss_sum += pm.forward_backward(inputs.chunk(passes, 0)[k], targets.chunk(passes, 0)[k],
+                                      row_documents.defined() ? row_documents.chunk(passes, 0)[k] : at::Tensor(),
+                                      1.0 / static_cast<double>(kRows * kSeq));
     pm.synchronize_gradients();
-    at::Tensor global_loss = loss.detach().clone().reshape({1});
-    pm.batch_comm().allreduce_sum(global_loss);
+    at::Tensor global_loss = at::tensor({loss_sum / static_cast<double>(kRows * kSeq)}, at::kDouble);
+    pm.loss_comm().allreduce_sum(global_loss);
     const double norm = pm.gradient_norm();
     std::map<std::string, at::Tensor> grads = whole_tensors_on_device_0(ctx, pm, pm.gradient_shards());
     std::lock_guard<std::mutex> lock(mutex);
@@ -172,11 +180,62 @@ void expect_parity(const mesh::Mesh& mesh, bool reshard, bool tied = false, bool
   }));
 }
 
-mesh::Mesh ici(int data, int fsdp, int tensor, int hosts = 1, int expert = 1, int context = 1) {
-  const int devices = data * fsdp * tensor * expert * context;
-  return mesh::Mesh::create(axis_sizes(data, fsdp, tensor, expert, context), axis_sizes(1, 1, 1, 1), hosts,
+mesh::Mesh ici(int data, int fsdp, int tensor, int hosts = 1, int expert = 1, int context = 1, int pipeline = 1) {
+  const int devices = data * fsdp * tensor * expert * context * pipeline;
+  return mesh::Mesh::create(axis_sizes(data, fsdp, tensor, expert, context, pipeline), axis_sizes(1, 1, 1, 1), hosts,
                             devices / hosts);
 }
+
+settings::PipelineSettings pipeline_of(settings::PipelineSchedule schedule, int64_t microbatches,
+                                       std::vector<int64_t> layers_per_stage = {}) {
+  settings::PipelineSettings p;
+  p.schedule = schedule;
+  p.microbatches = microbatches;
+  p.layers_per_stage = std::move(layers_per_stage);
+  return p;
+}
+constexpr auto kGpipe = settings::PipelineSchedule::gpipe;
+constexpr auto k1f1b = settings::PipelineSchedule::one_f_one_b;
+
+// Pipeline parallelism: loss, gradients and norm of one device (the parity above), each stage holding its layers.
+TEST(ParallelModelTest, PipelineGpipeMatchesOneDevice) {
+  expect_parity(ici(1, 1, 1, 1, 1, 1, 2), true, false, false, 0, 40, false, 4, pipeline_of(kGpipe, 4));
+}
+TEST(ParallelModelTest, Pipeline1f1bMatchesOneDevice) {
+  expect_parity(ici(1, 1, 1, 2, 1, 1, 2), true, false, false, 0, 40, true, 4, pipeline_of(k1f1b, 0));
+}
+TEST(ParallelModelTest, PipelineOfFourStagesMatchesOneDevice) {
+  expect_parity(ici(1, 1, 1, 2, 1, 1, 4), true, false, false, 0, 40, false, 5, pipeline_of(k1f1b, 4, {2, 1, 1, 1}));
+}
+TEST(ParallelModelTest, PipelineOverDcnWithFsdpInsideMatchesOneDevice) {
+  expect_parity(mesh::Mesh::create(axis_sizes(1, 2, 1, 1), axis_sizes(1, 1, 1, 1, 1, 2), 2, 2), true, false, false,
+                0, 40, false, 4, pipeline_of(k1f1b, 2));
+}
+TEST(ParallelModelTest, PipelineWithFsdpKeptAndGpipeMatchesOneDevice) {
+  // Without resharding, GPipe's backwards follow each other: each gathers its units again.
+  expect_parity(ici(1, 2, 1, 1, 1, 1, 2), false, false, false, 0, 40, false, 4, pipeline_of(kGpipe, 2));
+}
+TEST(ParallelModelTest, PipelineWithTensorMatchesOneDevice) {
+  expect_parity(ici(1, 1, 2, 1, 1, 1, 2), true, false, false, 0, 40, false, 4, pipeline_of(k1f1b, 2));
+}
+TEST(ParallelModelTest, PipelineWithDataAccumulationAndCheckpointingMatchesOneDevice) {
+  expect_parity(ici(2, 1, 1, 2, 1, 1, 2), true, false, false, 1, 40, false, 4, pipeline_of(k1f1b, 2), 2);
+}
+TEST(ParallelModelTest, PipelineWithContextMatchesOneDevice) {
+  expect_parity(ici(1, 1, 1, 2, 1, 2, 2), true, false, false, 0, 40, true, 4, pipeline_of(k1f1b, 4));
+}
+
+TEST(ParallelModelTest, PipelineRefusesTiedEmbeddingsAndMixtral) {
+  for (bool moe : {false, true}) {
+    const std::vector<std::string> failures = run_on_all_devices(ici(1, 1, 1, 1, 1, 1, 2), [&](runtime::DeviceContext& ctx) {
+      sharded_model(ctx, {}, !moe, moe);
+    });
+    for (const std::string& failure : failures)
+      EXPECT_NE(failure.find(moe ? "model.num_local_experts" : "model.tie_word_embeddings=true"), std::string::npos)
+          << failure;
+  }
+}
+
 
 TEST(ParallelModelTest, OneDeviceMatchesTheModelWithoutCommunication) {
   const mesh::Mesh mesh = ici(1, 1, 1);
@@ -265,18 +324,18 @@ TEST(ParallelModelTest, FsdpShardsShrinkWithTheDegree) {
 
 // The whole tensors of a model sharded on `mesh` (every shard times 1.5, so they differ from a fresh init), assembled
 // on device 0; checked against the whole model initialized on one device.
-std::map<std::string, at::Tensor> perturbed_whole_tensors(const mesh::Mesh& mesh, bool moe) {
+std::map<std::string, at::Tensor> perturbed_whole_tensors(const mesh::Mesh& mesh, bool moe, int64_t layers = 2) {
   std::map<std::string, at::Tensor> saved;
   std::mutex mutex;
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm = sharded_model(ctx, {}, false, moe);
+    ParallelModel pm = sharded_model(ctx, {}, false, moe, 40, layers);
     for (at::Tensor& s : pm.parameter_shards()) s.mul_(1.5);
     // Parts of 7 elements: most cut a tensor-parallel block's rows in the middle.
     std::map<std::string, at::Tensor> whole = whole_tensors_on_device_0(ctx, pm, pm.parameter_shards(), 7);
     std::lock_guard<std::mutex> lock(mutex);
     if (ctx.device() == 0) saved = whole;
   }));
-  auto expected = fresh_model(false, moe);
+  auto expected = fresh_model(false, moe, 40, layers);
   EXPECT_EQ(saved.size(), expected->named_parameters().size());
   for (const auto& p : expected->named_parameters()) {
     EXPECT_TRUE(saved.count(p.key()) && at::allclose(saved[p.key()], p.value() * 1.5)) << p.key();
@@ -287,12 +346,12 @@ std::map<std::string, at::Tensor> perturbed_whole_tensors(const mesh::Mesh& mesh
 // `saved` loaded as shards on a 4-device `mesh` and assembled again, tensor i on device i mod 4; each device's
 // point-to-point bytes in `sent_bytes`.
 std::map<std::string, at::Tensor> reassembled_on(const mesh::Mesh& mesh, const std::map<std::string, at::Tensor>& saved,
-                                                 bool moe, std::vector<int64_t>& sent_bytes) {
+                                                 bool moe, std::vector<int64_t>& sent_bytes, int64_t layers = 2) {
   std::map<std::string, at::Tensor> reassembled;
   std::mutex mutex;
   sent_bytes.assign(mesh.num_devices(), 0);
   expect_no_failures(run_on_all_devices(mesh, [&](runtime::DeviceContext& ctx) {
-    ParallelModel pm = sharded_model(ctx, {}, false, moe);
+    ParallelModel pm = sharded_model(ctx, {}, false, moe, 40, layers);
     std::vector<at::Tensor> shards = pm.parameter_shards();
     pm.load_shards(shards, model::slices_of_whole_tensors([&](const std::string& name) { return saved.at(name); }));
     pm.assemble_whole_tensors(pm.parameter_shards(), [](size_t i) { return static_cast<int>(i % 4); },
@@ -316,6 +375,14 @@ TEST(ParallelModelTest, ShardsSavedOnOneMeshLoadOnAnother) {
   const int64_t total_sent = sent_bytes[0] + sent_bytes[1] + sent_bytes[2] + sent_bytes[3];
   EXPECT_GT(total_sent, model_bytes / 2);
   EXPECT_LT(total_sent, model_bytes);
+}
+
+TEST(ParallelModelTest, ShardsSavedOnAPipelineLoadOnAnother) {
+  // Whole tensors out of pipeline=2 x fsdp=2 (each stage's units on its devices), back in on pipeline=4 and on fsdp=4.
+  const std::map<std::string, at::Tensor> saved = perturbed_whole_tensors(ici(1, 2, 1, 2, 1, 1, 2), false, 4);
+  std::vector<int64_t> sent_bytes;
+  reassembled_on(ici(1, 1, 1, 2, 1, 1, 4), saved, false, sent_bytes, 4);
+  reassembled_on(ici(1, 4, 1, 2), saved, false, sent_bytes, 4);
 }
 
 TEST(ParallelModelTest, MixtralOnOneDeviceMatchesTheModel) { expect_parity(ici(1, 1, 1), true, false, true); }

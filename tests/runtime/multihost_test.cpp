@@ -50,7 +50,7 @@ TEST(MultiHostSlowTest, SeedLayoutLogsMeshLikeTorchprime) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count(r.output,
                   "Logical mesh shape: OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1), ('expert', 1), "
-                  "('context', 1)])"),
+                  "('context', 1), ('pipeline', 1)])"),
             2);
   EXPECT_EQ(count(r.output, "Logical mesh device assignments: [0 1 2 3 4 5 6 7]"), 2);
   EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(\[host 1\]\s+6\s+1\s+2\s+1\s+data=0 fsdp=6 tensor=0 expert=0)")))

@@ -38,7 +38,7 @@ The sequence is in load-balanced order: block r holds chunks r and 3-r of the ro
 
 TEST(VisualizeTest, OneDimensionalTensorIsAColumnOfTiles) {
   const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 4, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 4);
-  expect_picture(render_sharding(mesh, "bias", c10::ScalarType::Float, {16}, PartitionSpec::parse("fsdp")), R"(bias f32[16@fsdp] on mesh data=1 x fsdp=4 x tensor=1 x expert=1 x context=1 (1 host x 4 devices per host)
+  expect_picture(render_sharding(mesh, "bias", c10::ScalarType::Float, {16}, PartitionSpec::parse("fsdp")), R"(bias f32[16@fsdp] on mesh data=1 x fsdp=4 x tensor=1 x expert=1 x context=1 x pipeline=1 (1 host x 4 devices per host)
 ┌───────────────────────────┐
 │           [0:4]           │
 │ device 0 (host 0, fsdp=0) │
@@ -57,7 +57,7 @@ TEST(VisualizeTest, OneDimensionalTensorIsAColumnOfTiles) {
 
 TEST(VisualizeTest, SeedScenarioInputBatchOnTwoHosts) {
   const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 8, 1, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
-  expect_picture(render_input_batch(mesh, 8, 4096), R"(input_ids i32[8@(data,fsdp), 4096] on mesh data=1 x fsdp=8 x tensor=1 x expert=1 x context=1 (2 hosts x 4 devices per host)
+  expect_picture(render_input_batch(mesh, 8, 4096), R"(input_ids i32[8@(data,fsdp), 4096] on mesh data=1 x fsdp=8 x tensor=1 x expert=1 x context=1 x pipeline=1 (2 hosts x 4 devices per host)
 ┌───────────────────────────┐
 │       [0:1, 0:4096]       │
 │ device 0 (host 0, fsdp=0) │
@@ -90,7 +90,7 @@ TEST(VisualizeTest, TwoDimensionalGridListsReplicasTogether) {
   // data=2 x fsdp=2 x tensor=2 on 2 hosts: rows over data, columns over tensor, replicas along fsdp.
   const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(2, 2, 2, 1), testing::axis_sizes(1, 1, 1, 1), 2, 4);
   expect_picture(render_sharding(mesh, "w", c10::ScalarType::BFloat16, {4, 8}, PartitionSpec::parse("data, tensor")),
-                 R"(w bf16[4@data, 8@tensor] on mesh data=2 x fsdp=2 x tensor=2 x expert=1 x context=1 (2 hosts x 4 devices per host)
+                 R"(w bf16[4@data, 8@tensor] on mesh data=2 x fsdp=2 x tensor=2 x expert=1 x context=1 x pipeline=1 (2 hosts x 4 devices per host)
 ┌─────────────────────────────────────────────┬─────────────────────────────────────────────┐
 │                 [0:2, 0:4]                  │                 [0:2, 4:8]                  │
 │ device 0 (host 0, data=0, fsdp=0, tensor=0) │ device 1 (host 0, data=0, fsdp=0, tensor=1) │
@@ -109,7 +109,7 @@ TEST(VisualizeTest, ThreeDimensionalTensorListsTheShardsOfTheLastDimension) {
   const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 1, 2, 1), testing::axis_sizes(1, 2, 1, 1), 2, 2);
   expect_picture(render_sharding(mesh, "x_BTD", c10::ScalarType::Float, {4, 6, 8},
                                  PartitionSpec::parse("fsdp, None, tensor")),
-                 R"(x_BTD f32[4@fsdp, 6, 8@tensor] on mesh data=1 x fsdp=2 x tensor=2 x expert=1 x context=1 (2 hosts x 2 devices per host)
+                 R"(x_BTD f32[4@fsdp, 6, 8@tensor] on mesh data=1 x fsdp=2 x tensor=2 x expert=1 x context=1 x pipeline=1 (2 hosts x 2 devices per host)
 ┌─────────────────────────────────────┐
 │           [0:2, 0:6, 0:4]           │
 │ device 0 (host 0, fsdp=0, tensor=0) │
@@ -128,7 +128,7 @@ TEST(VisualizeTest, PartialScalarListsItsAddends) {
   const mesh::Mesh mesh = mesh::Mesh::create(testing::axis_sizes(1, 2, 1, 1), testing::axis_sizes(1, 1, 1, 1), 1, 2);
   PartitionSpec loss = PartitionSpec::replicated(0);
   loss.partial = {Axis::fsdp};
-  expect_picture(render_sharding(mesh, "loss", c10::ScalarType::Float, {}, loss), R"(loss f32[] partial over fsdp on mesh data=1 x fsdp=2 x tensor=1 x expert=1 x context=1 (1 host x 2 devices per host)
+  expect_picture(render_sharding(mesh, "loss", c10::ScalarType::Float, {}, loss), R"(loss f32[] partial over fsdp on mesh data=1 x fsdp=2 x tensor=1 x expert=1 x context=1 x pipeline=1 (1 host x 2 devices per host)
 ┌───────────────────────────┐
 │            []             │
 │ device 0 (host 0, fsdp=0) │

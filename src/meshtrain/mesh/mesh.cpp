@@ -56,6 +56,7 @@ std::string_view axis_name(Axis axis) {
     case Axis::tensor: return "tensor";
     case Axis::expert: return "expert";
     case Axis::context: return "context";
+    case Axis::pipeline: return "pipeline";
   }
   return "?";
 }

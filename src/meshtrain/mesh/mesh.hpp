@@ -1,6 +1,6 @@
 // mesh.hpp — the named device mesh: axes, hybrid (ICI x DCN) device order, and device <-> coordinate maps.
 //
-// Axes, outermost first: data, fsdp, tensor, expert, context (torchprime's order). A job has `hosts` host processes
+// Axes, outermost first: data, fsdp, tensor, expert, context (torchprime's order), then pipeline. A job has `hosts` host processes
 // with `devices_per_host` devices each; global device id = host * devices_per_host + local index. Devices are cut
 // into slices of prod(ici_mesh) consecutive ids; slice s has DCN coordinates unravel(s, dcn_mesh) and a device at
 // position i inside its slice has ICI coordinates unravel(i, ici_mesh). As in JAX's create_hybrid_device_mesh,
@@ -17,9 +17,10 @@
 
 namespace meshtrain::mesh {
 
-enum class Axis : int { data = 0, fsdp = 1, tensor = 2, expert = 3, context = 4 };
-constexpr int kNumAxes = 5;
-constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::data, Axis::fsdp, Axis::tensor, Axis::expert, Axis::context};
+enum class Axis : int { data = 0, fsdp = 1, tensor = 2, expert = 3, context = 4, pipeline = 5 };
+constexpr int kNumAxes = 6;
+constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::data,   Axis::fsdp,    Axis::tensor,
+                                                 Axis::expert, Axis::context, Axis::pipeline};
 
 std::string_view axis_name(Axis axis);
 std::optional<Axis> axis_from_name(std::string_view name);
@@ -28,11 +29,11 @@ std::string axes_label(const std::vector<Axis>& axes);
 
 // Sizes per axis, in axis order. A size of -1 means "whatever the device count leaves" (resolved by Mesh::create).
 struct AxisSizes {
-  std::array<int, kNumAxes> sizes{1, 1, 1, 1, 1};
+  std::array<int, kNumAxes> sizes{1, 1, 1, 1, 1, 1};
   int operator[](Axis axis) const { return sizes[static_cast<int>(axis)]; }
   int& operator[](Axis axis) { return sizes[static_cast<int>(axis)]; }
   long product() const;
-  // "data=1 x fsdp=4 x tensor=1 x expert=1 x context=1"
+  // "data=1 x fsdp=4 x tensor=1 x expert=1 x context=1 x pipeline=1"
   std::string equation() const;
   bool operator==(const AxisSizes& other) const { return sizes == other.sizes; }
 };
@@ -79,11 +80,11 @@ class Mesh {
   // Product of the sizes of `axes`.
   int size_along(const std::vector<Axis>& axes) const;
 
-  // Log text: "OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1), ('expert', 1), ('context', 1)])" as torchprime prints it.
+  // Log text: "OrderedDict([('data', 1), ('fsdp', 8), ('tensor', 1), ('expert', 1), ('context', 1), ('pipeline', 1)])" as torchprime prints it.
   std::string shape_string() const;
   // Log text: "[0 1 2 3 4 5 6 7]" (device ids in mesh order).
   std::string assignments_string() const;
-  // "data=0 fsdp=3 tensor=0 expert=0 context=0"
+  // "data=0 fsdp=3 tensor=0 expert=0 context=0 pipeline=0"
   std::string coords_string(int device) const;
   // A table, one line per device: id, host, local index, slice, mesh coordinates.
   std::string device_table() const;

@@ -18,6 +18,12 @@ std::vector<Axis> MeshRoles::token_axes() const {
   return axes;
 }
 
+std::vector<Axis> MeshRoles::loss_axes() const {
+  std::vector<Axis> axes = token_axes();
+  if (pipeline_split()) axes.push_back(Axis::pipeline);
+  return axes;
+}
+
 std::vector<Axis> MeshRoles::dense_gradient_axes() const {
   std::vector<Axis> axes = {Axis::data};
   if (experts_split()) axes.push_back(Axis::expert);
@@ -35,6 +41,9 @@ int64_t MeshRoles::row_replicas(const std::vector<Axis>& row_axes) const {
   MT_USER_CHECK(!splits_over(Axis::tensor) || mesh_->size(Axis::tensor) == 1,
                 "data.input_sharding splits the batch over tensor, but the ranks of a tensor-parallel group must see "
                 "the same rows; shard the batch over data and fsdp only");
+  MT_USER_CHECK(!splits_over(Axis::pipeline) || mesh_->size(Axis::pipeline) == 1,
+                "data.input_sharding splits the batch over pipeline, but every stage of a pipeline must see the same "
+                "rows (the first takes their tokens, the last their labels); shard the batch over data and fsdp only");
   MT_USER_CHECK(!splits_over(Axis::context),
                 "data.input_sharding splits the batch's rows over context, but context splits each row's tokens; "
                 "shard the second dimension over it (e.g. \"(data,fsdp),context\")");

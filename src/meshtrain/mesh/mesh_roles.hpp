@@ -3,7 +3,7 @@
 // replicas to sum, whether the experts are split, and which chunks of a row a context rank holds. The read plan, the
 // parallel model, the trainer and the memory plan ask it; a new axis (pipeline) gets its role here.
 //
-// Roles on the axes data, fsdp, tensor, expert, context (mesh.hpp):
+// Roles on the axes data, fsdp, tensor, expert, context, pipeline (mesh.hpp):
 //   data    splits the batch; replicates parameters (gradients summed over it)
 //   fsdp    splits the batch; shards parameters (gathered for compute, gradients reduce-scattered over it)
 //   tensor  splits parameters by blocks (Megatron); every tensor rank sees the same rows
@@ -11,6 +11,9 @@
 //           routes its own tokens), so the non-expert parameters have replicas over it
 //   context splits each row's tokens (context parallelism); replicates parameters (gradients summed over it); the
 //           attention of a layer gathers the keys and values of the whole row over it (docs/parallelism.md)
+//   pipeline splits the layers into stages (parallel/pipeline_schedule.hpp); every stage sees the same rows (like
+//           tensor); activations and their gradients travel point to point between neighbouring stages; only the
+//           last stage has a loss, so a sum of losses runs over pipeline too (loss_axes)
 #pragma once
 
 #include "meshtrain/mesh/mesh.hpp"
@@ -36,11 +39,16 @@ class MeshRoles {
   bool experts_split() const { return mesh_->size(Axis::expert) > 1; }
   // Whether the rows' tokens are split over `context` (its size is larger than 1).
   bool context_split() const { return mesh_->size(Axis::context) > 1; }
+  // Whether the layers are split into stages over `pipeline` (its size is larger than 1).
+  bool pipeline_split() const { return mesh_->size(Axis::pipeline) > 1; }
   // The axes the batch's rows are split over: (data, fsdp), plus expert when the experts are split.
   std::vector<Axis> batch_axes() const;
   // The axes over which the devices hold other tokens of the batch: batch_axes(), plus context when it splits the
   // rows' tokens. A sum over the batch's tokens (the loss, routing statistics) runs over them.
   std::vector<Axis> token_axes() const;
+  // The axes a sum of the training loss runs over: token_axes(), plus pipeline when it splits the layers (the last
+  // stage has the loss, the others add zero).
+  std::vector<Axis> loss_axes() const;
   // The axes over which a non-expert parameter's gradient has replicas to sum: data, plus expert when the experts
   // are split, plus context when it splits the tokens (fsdp's shards are reduce-scattered inside the FSDP unit).
   std::vector<Axis> dense_gradient_axes() const;
@@ -48,8 +56,8 @@ class MeshRoles {
   std::vector<Axis> expert_gradient_axes() const;
   // How many devices of batch_axes() hold each row of the batch when its rows are split over `row_axes` (the input
   // sharding's first dimension): the product of the batch axes it leaves out. UserError when `row_axes` splits the
-  // rows over a tensor axis larger than 1 (the ranks of a tensor-parallel group must see the same rows) or over
-  // context (which splits tokens, not rows).
+  // rows over a tensor or pipeline axis larger than 1 (the ranks of a tensor-parallel group and the stages of a
+  // pipeline must see the same rows) or over context (which splits tokens, not rows).
   int64_t row_replicas(const std::vector<Axis>& row_axes) const;
 
   // Load-balanced context parallelism (zig-zag): a row of `block_size` tokens is cut into 2 x `context_size` equal

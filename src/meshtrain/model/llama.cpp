@@ -283,7 +283,11 @@ torch::Tensor LlamaForCausalLM::embed(const torch::Tensor& tokens_BT,
   return rows_of(tokens_BT).to(compute_dtype_);
 }
 
-torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD, const torch::Tensor& documents_BT) {
+torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD, const torch::Tensor& documents_BT, int64_t first,
+                                           int64_t end) {
+  const int64_t num_layers = static_cast<int64_t>(model->layers.size());
+  if (end < 0) end = num_layers;
+  MT_CHECK(first >= 0 && first <= end && end <= num_layers, "layers [{}, {}) of {}", first, end, num_layers);
   if (documents_BT.defined())
     MT_CHECK(documents_BT.scalar_type() == torch::kInt64 && documents_BT.sizes() == x_BTD.sizes().slice(0, 2),
              "document numbers must be int64 [B, T] like the tokens, got {} {}",
@@ -292,9 +296,9 @@ torch::Tensor LlamaForCausalLM::run_layers(const torch::Tensor& x_BTD, const tor
                           : documents_BT.defined() ? rope_for(documents_BT)
                                                    : rope_for(x_BTD.size(1));
   torch::Tensor y_BTD = x_BTD;
-  for (size_t i = 0; i < model->layers.size(); ++i) {
+  for (int64_t i = first; i < end; ++i) {
     LlamaDecoderLayer& layer = *model->layers[i];
-    y_BTD = layer_runner_ ? layer_runner_(static_cast<int64_t>(i), layer, y_BTD, rope) : layer.forward(y_BTD, rope);
+    y_BTD = layer_runner_ ? layer_runner_(i, layer, y_BTD, rope) : layer.forward(y_BTD, rope);
   }
   return y_BTD;
 }

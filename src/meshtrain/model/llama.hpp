@@ -231,8 +231,10 @@ class LlamaForCausalLM : public torch::nn::Module, public LinearOwner {
   // The same with the table's rows for the tokens given by `rows_of` (fp32 [B, T, D]; a sharded table's lookup).
   torch::Tensor embed(const torch::Tensor& tokens_BT,
                       const std::function<torch::Tensor(const torch::Tensor&)>& rows_of);
-  // Every decoder layer (through the layer runner); documents_BT as for hidden_states.
-  torch::Tensor run_layers(const torch::Tensor& x_BTD, const torch::Tensor& documents_BT = {});
+  // Decoder layers [first, end) (end -1: to the last; a pipeline stage's) through the layer runner; documents_BT as
+  // for hidden_states.
+  torch::Tensor run_layers(const torch::Tensor& x_BTD, const torch::Tensor& documents_BT = {}, int64_t first = 0,
+                           int64_t end = -1);
   torch::Tensor final_norm(const torch::Tensor& x_BTD);   // model.norm
 
   const LlamaConfig& config() const { return config_; }

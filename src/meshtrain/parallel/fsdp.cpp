@@ -9,7 +9,7 @@
 namespace meshtrain::parallel {
 
 FsdpUnit::FsdpUnit(std::string label, const std::vector<Parameter>& params, runtime::Comm& fsdp_comm,
-                   const model::SliceSource& values, at::ScalarType gather_dtype)
+                   const model::SliceSource& values, at::ScalarType gather_dtype, bool holds_shard)
     : label_(std::move(label)), comm_(fsdp_comm), gather_dtype_(gather_dtype) {
   MT_CHECK(gather_dtype == at::kFloat || gather_dtype == at::kBFloat16, "unit {}: gathers travel as fp32 or bf16",
            label_);
@@ -29,10 +29,15 @@ FsdpUnit::FsdpUnit(std::string label, const std::vector<Parameter>& params, runt
   }
   const int n = comm_.size();
   padded_numel_ = (numel_ + n - 1) / n * n;
+  torch::NoGradGuard no_grad;
+  if (!holds_shard) {
+    shard_ = grad_shard_ = at::empty({0}, at::kFloat);
+    for (Member& m : members_) m.param.set_data(at::empty({0}, at::kFloat));
+    return;
+  }
   shard_ = at::empty({padded_numel_ / n}, at::kFloat);
   fill_shard(shard_, values);
   grad_shard_ = at::zeros_like(shard_);
-  torch::NoGradGuard no_grad;
   if (n == 1) {
     bind_params_to(shard_);
     gathered_ = true;

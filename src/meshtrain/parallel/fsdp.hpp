@@ -48,8 +48,10 @@ class FsdpUnit {
   // parameters' own storage is released without being read.
   // `gather_dtype`: what the shards travel as in gather() (kFloat, or kBFloat16: half the bytes, cast back into
   // the fp32 full buffer once per gather; the bf16 compute path rounds the weights to bf16 anyway).
+  // `holds_shard` false: a unit another pipeline stage holds, of which this device knows the layout only (members,
+  // offsets, which shard holds which piece: piece_in_shard) and holds nothing (empty shard, `values` unused).
   FsdpUnit(std::string label, const std::vector<Parameter>& params, runtime::Comm& fsdp_comm,
-           const model::SliceSource& values, at::ScalarType gather_dtype = at::kFloat);
+           const model::SliceSource& values, at::ScalarType gather_dtype = at::kFloat, bool holds_shard = true);
 
   const std::string& label() const { return label_; }
   const std::vector<Member>& members() const { return members_; }

@@ -185,6 +185,15 @@ std::shared_ptr<model::LlamaForCausalLM> checked_for_mesh(std::shared_ptr<model:
                                                            const mesh::Mesh& mesh) {
   check_expert_parallel(model->config(), mesh.size(mesh::Axis::expert));
   check_tensor_parallel(model->config(), mesh.size(mesh::Axis::tensor));
+  const int stages = mesh.size(mesh::Axis::pipeline);
+  MT_USER_CHECK(stages == 1 || !model->config().tie_word_embeddings,
+                "pipeline={}: the model ties its embedding and output head (model.tie_word_embeddings=true), but the "
+                "embedding is on the first stage and the head on the last; pipeline parallelism needs untied "
+                "embeddings (model.tie_word_embeddings=false, e.g. model=llama-10m) or pipeline=1", stages);
+  MT_USER_CHECK(stages == 1 || !model->config().is_moe(),
+                "pipeline={}: a Mixtral (model.num_local_experts={}) does not run in a pipeline yet (its routing "
+                "statistics are summed over one stage's layers); use pipeline=1 with expert, fsdp or data parallelism",
+                stages, model->config().num_local_experts);
   return model;
 }
 
@@ -198,6 +207,8 @@ ParallelOptions ParallelOptions::from(const settings::Settings& settings) {
   options.checkpoint_every = settings.parallel.checkpoint_every;
   options.gather_dtype = model::torch_dtype(settings.compute_dtype);  // bf16 compute gathers bf16
   options.capacity_factor = settings.parallel.capacity_factor;
+  options.pipeline = settings.pipeline;
+  options.block_size = settings.block_size;
   return options;
 }
 
@@ -212,7 +223,12 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
       expert_comm_(ctx.over(mesh::Axis::expert)),
       dense_gradient_comm_(ctx.over(roles_.dense_gradient_axes())),
       expert_gradient_comm_(ctx.over(roles_.expert_gradient_axes())),
-      batch_comm_(ctx.over(roles_.token_axes())) {
+      batch_comm_(ctx.over(roles_.token_axes())),
+      pipeline_comm_(ctx.over(mesh::Axis::pipeline)),
+      loss_comm_(ctx.over(roles_.loss_axes())),
+      stage_(ctx.info().coords[static_cast<int>(mesh::Axis::pipeline)]),
+      stage_layers_(split_layers(model_->config(), options.block_size, ctx.mesh().size(mesh::Axis::pipeline),
+                                 options.pipeline.layers_per_stage)) {
   if (roles_.context_split()) {
     context_ = std::make_unique<ContextParallel>(ctx.over(mesh::Axis::context));
     model_->set_context_exchange(context_.get());
@@ -243,17 +259,22 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
     else
       lm_head_params.push_back(std::move(p));
   }
+  // Units numbered as unit(u) numbers them; a unit of another pipeline stage has its layout only.
+  size_t next_unit = 0;
   auto make_unit = [&](const std::string& label, const std::vector<FsdpUnit::Parameter>& params) {
-    return std::make_unique<FsdpUnit>(label, params, fsdp_comm_, values, options_.gather_dtype);
+    const bool held = holds(next_unit++);
+    return std::make_unique<FsdpUnit>(label, params, fsdp_comm_, values, options_.gather_dtype, held);
   };
   embedding_ = make_unit("embedding", embedding_params);
   for (int64_t i = 0; i < num_layers; ++i)
     layers_.push_back(make_unit(layer_prefix + std::to_string(i), layer_params[i]));
   final_norm_ = make_unit("final_norm", final_norm_params);
   if (!lm_head_params.empty()) lm_head_ = make_unit("lm_head", lm_head_params);
-  if (model_->config().is_moe())
+  if (model_->config().is_moe()) {
     for (int64_t i = 0; i < num_layers; ++i)
       expert_units_.push_back(make_unit(layer_prefix + std::to_string(i) + ".experts", expert_params[i]));
+  }
+  for (size_t u = 0, held = 0; u < num_units(); ++u) shard_index_.push_back(holds(u) ? static_cast<int>(held++) : -1);
   // The whole model's parameters: the units' members, and for each expert unit the experts of every device (the
   // member at the same place among the local ones has the same shape and offset on the expert's holder).
   for (size_t u = 0; u < num_dense_units(); ++u)
@@ -279,6 +300,19 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
 
 FsdpUnit& ParallelModel::head() { return lm_head_ ? *lm_head_ : *embedding_; }
 
+int ParallelModel::stage_of_unit(size_t u) const {
+  // Counted from the config: called while the units are being made.
+  const config::LlamaConfig& config = model_->config();
+  const size_t num_layers = static_cast<size_t>(config.num_hidden_layers);
+  const size_t dense_units = num_layers + (config.tie_word_embeddings ? 2 : 3);
+  if (u == 0) return 0;
+  if (u > num_layers && u < dense_units) return static_cast<int>(stage_layers_.size()) - 1;
+  const int64_t layer = static_cast<int64_t>(u <= num_layers ? u - 1 : u - dense_units);
+  for (size_t s = 0; s < stage_layers_.size(); ++s)
+    if (layer < stage_layers_[s].end) return static_cast<int>(s);
+  MT_CHECK(false, "unit {} is past the model's {} units", u, num_units());
+}
+
 bool ParallelModel::resharding() const { return options_.reshard_after_forward && fsdp_comm_.size() > 1; }
 
 at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
@@ -286,7 +320,8 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   // The layer's units: its own parameters, and a Mixtral's experts on this device.
   auto units_of = [this](int64_t i) {
     std::vector<FsdpUnit*> units;
-    if (i < 0 || i >= static_cast<int64_t>(layers_.size())) return units;
+    const StageLayers& here = stage_layers_[stage_];
+    if (i < here.first || i >= here.end) return units;  // another stage's layer, or none
     units.push_back(layers_[i].get());
     if (!expert_units_.empty()) units.push_back(expert_units_[i].get());
     return units;
@@ -297,17 +332,18 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   for (FsdpUnit* unit : units) unit->gather();
   // The next units' all-gathers overlap this layer's forward.
   for (FsdpUnit* unit : next) unit->prefetch();
-  if (next.empty()) {
+  if (index + 1 == static_cast<int64_t>(layers_.size())) {
     final_norm_->prefetch();
     if (!head_by_pieces_) head().prefetch();
   }
   const bool checkpointed = options_.checkpoint_every > 0 && index % options_.checkpoint_every == 0;
   at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope)
                                   : layer.forward(input_BTD, rope);
-  if (resharding()) {
-    for (FsdpUnit* unit : units) unit->free_full();
-    // Backward runs the layers in reverse: gather this one again, and start the one before it (an evaluation has
-    // no backward).
+  if (resharding()) for (FsdpUnit* unit : units) unit->free_full();
+  // Backward runs the layers in reverse: gather this one again, and start the one before it (an evaluation has no
+  // backward). Without resharding a pipeline's backward may still find it freed: the backward of another
+  // micro-batch freed it, and no forward came between.
+  if (resharding() || (fsdp_comm_.size() > 1 && pipeline_comm_.size() > 1)) {
     if (y_BTD.requires_grad())
       y_BTD.register_hook([units, previous](const at::Tensor&) {
         for (FsdpUnit* unit : units) unit->gather();
@@ -350,7 +386,16 @@ at::Tensor ParallelModel::rows_by_shard(const at::Tensor& tokens_BT) {
 
 at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT,
                                   const at::Tensor& documents_BT) {
+  MT_CHECK(pipeline_comm_.size() == 1, "loss_sum runs the whole model: with a pipeline, forward_backward and "
+           "evaluation_loss_sum run the stages");
   head_by_pieces_ = head_by_pieces(tokens_BT.numel());
+  const at::Tensor x_BTD = model_->run_layers(embedded(tokens_BT), documents_BT);
+  if (model::RouterStats* stats = model_->router_stats().get())
+    stats->close([this](at::Tensor& sums) { batch_comm_.allreduce_sum(sums); });
+  return head_loss_sum(x_BTD, targets_BT);
+}
+
+at::Tensor ParallelModel::embedded(const at::Tensor& tokens_BT) {
   const bool by_rows = lookup_by_rows();
   if (!by_rows) embedding_->gather();
   at::Tensor x_BTD;
@@ -362,11 +407,16 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   if (torch::GradMode::is_enabled())
     x_BTD = EmbeddingGradientRows::apply(x_BTD, embedding_->members().front().param, tokens_BT, &lookup_gradients_);
   if (resharding()) embedding_->free_full();  // the lookup's backward needs the token ids only
-  x_BTD = GradientBoundary::apply(model_->run_layers(x_BTD, documents_BT), final_norm_.get(), &reducing_);
-  if (model::RouterStats* stats = model_->router_stats().get())
-    stats->close([this](at::Tensor& sums) { batch_comm_.allreduce_sum(sums); });
+  return x_BTD;
+}
+
+at::Tensor ParallelModel::head_loss_sum(const at::Tensor& x_BTD, const at::Tensor& targets_BT) {
+  const at::Tensor input_BTD = GradientBoundary::apply(x_BTD, final_norm_.get(), &reducing_);
   final_norm_->gather();
-  const at::Tensor hidden_BTD = model_->final_norm(x_BTD);
+  const at::Tensor hidden_BTD = model_->final_norm(input_BTD);
+  // Its backward needs it gathered: the backward of another micro-batch may have freed it since (a pipeline's).
+  if (hidden_BTD.requires_grad() && fsdp_comm_.size() > 1)
+    hidden_BTD.register_hook([this](const at::Tensor&) { final_norm_->gather(); });
   const at::Tensor hidden_ND = hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), targets_N = targets_BT.reshape({-1});
   const int64_t chunk_rows = model::cross_entropy_chunk_rows(model_->config().vocab_size);
   FsdpUnit& head_unit = head();
@@ -376,14 +426,38 @@ at::Tensor ParallelModel::loss_sum(const at::Tensor& tokens_BT, const at::Tensor
   const at::Tensor loss = model::fused_cross_entropy_sum(hidden_ND, head_unit.members().front().param.detach(),
                                                          targets_N, chunk_rows);
   // No backward follows an evaluation to free what stayed gathered (every unit without resharding, the final norm).
-  for (size_t u = 0; u < num_units(); ++u) unit(u).free_full();
+  for (size_t u = 0; u < num_units(); ++u)
+    if (holds(u)) unit(u).free_full();
   return loss;
+}
+
+double ParallelModel::forward_backward(const at::Tensor& tokens_BT, const at::Tensor& targets_BT,
+                                       const at::Tensor& documents_BT, double loss_scale) {
+  if (pipeline_comm_.size() > 1) return run_pipeline(tokens_BT, targets_BT, documents_BT, loss_scale);
+  const at::Tensor loss = loss_sum(tokens_BT, targets_BT, documents_BT);
+  (loss * loss_scale).backward();
+  finish_backward();
+  return loss.item<double>();
+}
+
+double ParallelModel::evaluation_loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT,
+                                          const at::Tensor& documents_BT) {
+  const torch::NoGradGuard no_grad;
+  if (pipeline_comm_.size() > 1) return run_pipeline(tokens_BT, targets_BT, documents_BT, std::nullopt);
+  return loss_sum(tokens_BT, targets_BT, documents_BT).item<double>();
+}
+
+std::vector<double> ParallelModel::take_stage_wait_seconds() {
+  if (pipeline_comm_.size() == 1) return {};
+  const at::Tensor waits =
+      pipeline_comm_.allgather(at::tensor({std::exchange(pipeline_wait_seconds_, 0.0)}, at::kDouble));
+  return std::vector<double>(waits.data_ptr<double>(), waits.data_ptr<double>() + waits.numel());
 }
 
 void ParallelModel::finish_backward() {
   if (reducing_) reducing_->finish_reducing_gradients();
   reducing_ = nullptr;
-  reduce_embedding_gradient();
+  if (holds(0)) reduce_embedding_gradient();
 }
 
 void ParallelModel::reduce_embedding_gradient() {
@@ -443,9 +517,10 @@ void ParallelModel::reduce_embedding_gradient() {
 void ParallelModel::synchronize_gradients() {
   // The units [first, last) summed over `comm` in one all-reduce.
   auto sum_over = [this](size_t first, size_t last, runtime::Comm& comm) {
-    if (comm.size() == 1 || first == last) return;
     std::vector<at::Tensor> grads;
-    for (size_t u = first; u < last; ++u) grads.push_back(unit(u).grad_shard());
+    for (size_t u = first; u < last; ++u)
+      if (holds(u)) grads.push_back(unit(u).grad_shard());
+    if (comm.size() == 1 || grads.empty()) return;
     at::Tensor flat = at::cat(grads);
     comm.allreduce_sum(flat);
     int64_t offset = 0;
@@ -467,20 +542,23 @@ double ParallelModel::gradient_norm() {
   // [tensor-split, replicated over tensor] square sums of the non-expert units, then of the expert units.
   std::array<double, 4> square_sums{};
   for (size_t u = 0; u < num_units(); ++u) {
+    if (!holds(u)) continue;
     auto [split, replicated] = unit(u).grad_square_sums();
     const size_t at = u < num_dense_units() ? 0 : 2;
     square_sums[at] += split;
     square_sums[at + 1] += replicated;
   }
   // Shards differ over fsdp; experts differ over expert; tensor blocks differ over tensor, replicated parameters do
-  // not; data (and, outside the experts, expert) holds replicas.
+  // not; data (and, outside the experts, expert) holds replicas; each pipeline stage holds its own units.
   at::Tensor sums = at::tensor(std::vector<double>(square_sums.begin(), square_sums.end()), at::kDouble);
   fsdp_comm_.allreduce_sum(sums);
   at::Tensor experts = sums.narrow(0, 2, 2).clone();
   expert_comm_.allreduce_sum(experts);
   at::Tensor split = (sums.narrow(0, 0, 1) + experts.narrow(0, 0, 1)).clone();
   tensor_comm_.allreduce_sum(split);
-  return std::sqrt(split.item<double>() + sums[1].item<double>() + experts[1].item<double>());
+  at::Tensor total = at::tensor({split.item<double>() + sums[1].item<double>() + experts[1].item<double>()}, at::kDouble);
+  pipeline_comm_.allreduce_sum(total);
+  return std::sqrt(total.item<double>());
 }
 
 void ParallelModel::zero_gradients() {
@@ -498,13 +576,15 @@ FsdpUnit& ParallelModel::unit(size_t u) { return const_cast<FsdpUnit&>(std::as_c
 
 std::vector<at::Tensor> ParallelModel::parameter_shards() {
   std::vector<at::Tensor> shards;
-  for (size_t u = 0; u < num_units(); ++u) shards.push_back(unit(u).shard());
+  for (size_t u = 0; u < num_units(); ++u)
+    if (holds(u)) shards.push_back(unit(u).shard());
   return shards;
 }
 
 std::vector<at::Tensor> ParallelModel::gradient_shards() {
   std::vector<at::Tensor> grads;
-  for (size_t u = 0; u < num_units(); ++u) grads.push_back(unit(u).grad_shard());
+  for (size_t u = 0; u < num_units(); ++u)
+    if (holds(u)) grads.push_back(unit(u).grad_shard());
   return grads;
 }
 
@@ -517,29 +597,34 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ParallelModel::whole_p
 void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_buffers,
                                            const std::function<int(size_t)>& owner, const WholeTensorPart& fn,
                                            int64_t part_elements) {
-  MT_CHECK(shard_buffers.size() == num_units(), "{} shard buffers for {} units", shard_buffers.size(), num_units());
+  const size_t held_units = parameter_shards().size();
+  MT_CHECK(shard_buffers.size() == held_units, "{} shard buffers for the {} units this stage holds",
+           shard_buffers.size(), held_units);
   MT_CHECK(part_elements >= 1, "parts of {} elements", part_elements);
   runtime::Comm& world = ctx_.world();
   const mesh::Mesh& mesh = ctx_.mesh();
   const std::vector<mesh::Axis> all_axes(mesh::kAllAxes.begin(), mesh::kAllAxes.end());
   const int fsdp_size = fsdp_comm_.size(), tensor_size = tensor_comm_.size();
-  // The world rank of the device of data (and context) replica 0 at (fsdp f, tensor t, expert x): it holds shard f
-  // of tensor block t (of expert x's experts, for an expert's parameter).
+  // The world rank of the device of data (and context) replica 0 at (fsdp f, tensor t, expert x, pipeline stage p):
+  // it holds shard f of tensor block t (of expert x's experts, for an expert's parameter) of stage p's units.
   mesh::Coords coords = ctx_.info().coords;
   for (mesh::Axis a : {mesh::Axis::data, mesh::Axis::expert, mesh::Axis::context}) coords[static_cast<int>(a)] = 0;
-  auto holder = [&](int f, int t, int x) {
+  auto holder = [&](int f, int t, int x, int p) {
     mesh::Coords c = coords;
     c[static_cast<int>(mesh::Axis::fsdp)] = f;
     c[static_cast<int>(mesh::Axis::tensor)] = t;
     c[static_cast<int>(mesh::Axis::expert)] = x;
+    c[static_cast<int>(mesh::Axis::pipeline)] = p;
     return mesh.index_along(mesh.device_at(c), all_axes);
   };
   const int me = world.rank();
 
-  for (size_t u = 0; u < shard_buffers.size(); ++u) {
+  for (size_t u = 0; u < num_units(); ++u) {
+    if (!holds(u)) continue;
     const int64_t shard_numel = unit(u).padded_numel() / fsdp_size;
-    MT_CHECK(shard_buffers[u].numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}",
-             unit(u).label(), shard_buffers[u].numel(), shard_numel);
+    const at::Tensor& buffer = shard_buffers[static_cast<size_t>(shard_index_[u])];
+    MT_CHECK(buffer.numel() == shard_numel, "unit {}: a shard buffer of {} elements, expected {}", unit(u).label(),
+             buffer.numel(), shard_numel);
   }
   // The runs of `slice` (consecutive elements of the whole tensor) that fall in the whole tensor's elements
   // [first, end): fn(index in the whole tensor, count, offset in the slice).
@@ -555,7 +640,9 @@ void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_
     const WholeParameter& whole_parameter = whole_parameters_[index];
     const FsdpUnit& this_unit = unit(whole_parameter.unit);
     const FsdpUnit::Member& m = this_unit.members()[whole_parameter.member];
-    const at::Tensor& shard_buffer = shard_buffers[whole_parameter.unit];
+    const int buffer_index = shard_index_[whole_parameter.unit];  // -1 on another stage: it sends nothing
+    const at::Tensor shard_buffer = buffer_index >= 0 ? shard_buffers[buffer_index] : at::Tensor();
+    const int stage = stage_of_unit(whole_parameter.unit);
     const int dest = owner(index);
     // The pieces of this member: shard f of tensor block t, held by world rank `source`.
     struct Piece {
@@ -567,7 +654,7 @@ void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_
       for (int t = 0; t < tensor_size; ++t)
         if (const auto p = this_unit.piece_in_shard(
                 m, f, tensor_block_slice(m.name, m.block.full_shape, m.split, t, tensor_size)))
-          pieces.push_back({*p, holder(f, t, whole_parameter.expert_holder)});
+          pieces.push_back({*p, holder(f, t, whole_parameter.expert_holder, stage)});
     const int64_t whole_numel = c10::multiply_integers(whole_parameter.shape);
     for (int64_t first = 0; first < whole_numel; first += part_elements) {
       const int64_t end = std::min(whole_numel, first + part_elements);
@@ -614,21 +701,25 @@ void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_
 }
 
 void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers, const model::SliceSource& values) {
-  MT_CHECK(shard_buffers.size() == num_units(), "{} shard buffers for {} units", shard_buffers.size(), num_units());
-  for (size_t u = 0; u < num_units(); ++u) unit(u).fill_shard(shard_buffers[u], values);
+  MT_CHECK(shard_buffers.size() == parameter_shards().size(), "{} shard buffers for the {} units this stage holds",
+           shard_buffers.size(), parameter_shards().size());
+  for (size_t u = 0; u < num_units(); ++u)
+    if (holds(u)) unit(u).fill_shard(shard_buffers[static_cast<size_t>(shard_index_[u])], values);
 }
 
 std::string ParallelModel::memory_summary() const {
   int64_t shard_bytes = 0, largest_unit = 0;
   for (size_t u = 0; u < num_units(); ++u) {
+    if (!holds(u)) continue;
     shard_bytes += static_cast<int64_t>(sizeof(float)) * unit(u).padded_numel() / fsdp_comm_.size();
     largest_unit = std::max(largest_unit, unit(u).padded_numel());
   }
   return fmt::format(
-      "parameters {} + gradients {} + AdamW moments {} per device (fsdp={}, tensor={}{}); gathered during a step: "
-      "{} ({})",
+      "parameters {} + gradients {} + AdamW moments {} per device (fsdp={}, tensor={}{}{}); gathered during a "
+      "step: {} ({})",
       megabytes(shard_bytes), megabytes(shard_bytes), megabytes(2 * shard_bytes), fsdp_comm_.size(),
       tensor_comm_.size(),
+      pipeline_comm_.size() == 1 ? "" : fmt::format(", pipeline={}: stage {}'s units", pipeline_comm_.size(), stage_),
       expert_units_.empty() ? ""
                             : fmt::format(", expert={}: {} of the {} experts of each layer", expert_comm_.size(),
                                           model_->config().num_local_experts / expert_comm_.size(),

@@ -1,25 +1,29 @@
 // parallel_model.hpp — ParallelModel: a single-device Llama (or Mixtral) made SPMD over the mesh from outside:
 // tensor parallelism over `tensor`, FSDP over `fsdp`, data parallelism over `data` (hybrid with fsdp > 1), expert
 // parallelism over `expert`, which outside the experts splits the batch rows like `data`, and context parallelism
-// over `context`, which splits each row's tokens (parallel/context_parallel.hpp). What each device holds and
-// where each call communicates: docs/parallelism.md.
+// over `context`, which splits each row's tokens (parallel/context_parallel.hpp), and pipeline parallelism over
+// `pipeline`, which splits the layers into stages (parallel/pipeline_schedule.hpp: each device holds its stage's
+// units only and runs its micro-batches in the schedule's order, activations and their gradients sent point to point
+// to the neighbouring stages). What each device holds and where each call communicates: docs/parallelism.md.
 //
 // Every device builds the same model, its parameters allocated but never written, and hands it here with the source
 // of the values; each device reads only its own pieces, so no device ever holds the whole model. The calls are
-// collective: every device makes them in the same order (per micro-batch loss_sum, its backward, finish_backward();
-// per step synchronize_gradients(), then gradient_norm()). With every axis of size 1 nothing communicates and the
-// parameters are the optimizer's buffers (no copies).
+// collective: every device makes them in the same order (per micro-batch forward_backward(), or loss_sum, its
+// backward and finish_backward() without a pipeline; per step synchronize_gradients(), then gradient_norm()). With
+// every axis of size 1 nothing communicates and the parameters are the optimizer's buffers (no copies).
 #pragma once
 
 #include "meshtrain/mesh/mesh_roles.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/parallel/context_parallel.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
+#include "meshtrain/parallel/pipeline_schedule.hpp"
 #include "meshtrain/runtime/device_context.hpp"
 #include "meshtrain/settings/settings.hpp"
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,8 +39,12 @@ struct ParallelOptions {
   at::ScalarType gather_dtype = at::kFloat;
   // A Mixtral's expert capacity (moe.capacity_factor): 0 dropless, c > 0 see MixtralSparseMoe::set_capacity_factor.
   double capacity_factor = 0;
+  // pipeline.*, and the rows' length the stages are balanced for (block_size).
+  settings::PipelineSettings pipeline;
+  int64_t block_size = 0;
 
-  // parallel.*, moe.capacity_factor, activation_checkpointing; the gathers in the compute dtype.
+  // parallel.*, moe.capacity_factor, activation_checkpointing, pipeline.*, block_size; the gathers in the compute
+  // dtype.
   static ParallelOptions from(const settings::Settings& settings);
 };
 
@@ -60,6 +68,25 @@ class ParallelModel {
   // After loss.backward(): waits for the last layer gradient reduce-scatter still in flight and reduce-scatters the
   // embedding's gradients (the others' were during the backward).
   void finish_backward();
+  // One forward and backward pass over this device's rows, the loss's gradient scaled by `loss_scale`: loss_sum, its
+  // backward and finish_backward(), or with a pipeline the rows in pipeline micro-batches through the stages in the
+  // schedule's order. Returns the loss sum of the rows (0 on a stage other than the last: loss_comm() sums it).
+  double forward_backward(const at::Tensor& tokens_BT, const at::Tensor& targets_BT, const at::Tensor& documents_BT,
+                          double loss_scale);
+  // The loss sum of the rows without gradients (evaluation), through the stages with a pipeline; 0 on a stage other
+  // than the last.
+  double evaluation_loss_sum(const at::Tensor& tokens_BT, const at::Tensor& targets_BT,
+                             const at::Tensor& documents_BT);
+  // The devices whose loss sums add up to the global batch's (mesh::MeshRoles::loss_axes: batch_comm() and, with a
+  // pipeline, its stages).
+  runtime::Comm& loss_comm() { return loss_comm_; }
+  // Pipeline parallelism: this device's stage, every stage's layers (one stage of every layer without a pipeline),
+  // and, stage by stage, the seconds the devices of this one's pipeline group waited for a neighbouring stage
+  // (activations, gradients, sends to complete) since the last call: the bubble. Collective over pipeline; empty
+  // without a pipeline.
+  int stage() const { return stage_; }
+  const std::vector<StageLayers>& stage_layers() const { return stage_layers_; }
+  std::vector<double> take_stage_wait_seconds();
   // What an embedding lookup's backward leaves for finish_backward(): the token ids and their gradient rows.
   struct LookupGradient {
     at::Tensor tokens_N, grad_ND;
@@ -99,10 +126,22 @@ class ParallelModel {
 
   // Whether a training loss over `tokens` tokens per device takes the head's weight a piece of every shard at a time
   // instead of gathering it whole (HeadLoss in parallel_model.cpp): sharded, whole rows in every shard, and the
-  // logits' gradient no larger than the weight's.
+  // logits' gradient no larger than the weight's. Asked on the last stage.
   bool head_by_pieces(int64_t tokens);
 
  private:
+  // The stages' parts of loss_sum: the embedding of tokens_BT (first stage; its gradient rows kept for
+  // finish_backward()), and the final norm and head's loss sum of the layers' output x_BTD (last stage).
+  at::Tensor embedded(const at::Tensor& tokens_BT);
+  at::Tensor head_loss_sum(const at::Tensor& x_BTD, const at::Tensor& targets_BT);
+  // Runs this stage's part of one pass over the rows with a pipeline (parallel/pipeline_run.cpp): with
+  // `loss_scale` set, forward and backward in the schedule's order; without, forwards only. Returns the loss sum
+  // (last stage) or 0.
+  double run_pipeline(const at::Tensor& tokens_BT, const at::Tensor& targets_BT, const at::Tensor& documents_BT,
+                      std::optional<double> loss_scale);
+  int stage_of_unit(size_t u) const;
+  bool holds(size_t u) const { return stage_of_unit(u) == stage_; }
+
   at::Tensor run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
                        const model::RopeTables& rope);
   FsdpUnit& head();         // the unit of the head's weight: lm_head, or the embedding table when tied
@@ -120,7 +159,12 @@ class ParallelModel {
   runtime::Comm& dense_gradient_comm_;
   runtime::Comm& expert_gradient_comm_;
   runtime::Comm& batch_comm_;
+  runtime::Comm& pipeline_comm_;
+  runtime::Comm& loss_comm_;
   std::unique_ptr<ContextParallel> context_;  // context > 1: the model's ContextExchange
+  int stage_ = 0;                             // this device's pipeline coordinate
+  std::vector<StageLayers> stage_layers_;     // of every stage
+  double pipeline_wait_seconds_ = 0;          // since take_pipeline_wait_seconds()
   // Every parameter of the whole model in unit order, the same on every device: where its pieces are (the unit and
   // member; an expert's member is the one at the same place among the local experts of its holder, who has
   // expert coordinate `expert_holder`, 0 for the other parameters).
@@ -130,6 +174,8 @@ class ParallelModel {
     size_t unit = 0, member = 0;
     int expert_holder = 0;
   };
+  // Unit u's place in parameter_shards() (the units this stage holds, in unit order); -1 where another stage holds it.
+  std::vector<int> shard_index_;
   std::vector<WholeParameter> whole_parameters_;
   // Unit u of the checkpoint and shard-buffer order: 0 the embedding, 1..L the layers, L + 1 the final norm, L + 2
   // lm_head (when not tied), then each layer's experts (a Mixtral).
@@ -139,6 +185,8 @@ class ParallelModel {
   size_t num_units() const { return num_dense_units() + expert_units_.size(); }
 
   std::unique_ptr<FsdpUnit> embedding_;             // model.embed_tokens (the head's weight too when tied)
+  // Every unit exists on every device (the layout of its shards: assemble_whole_tensors), but a device holds the
+  // shards of its pipeline stage's units only.
   std::vector<std::unique_ptr<FsdpUnit>> layers_;  // one per decoder layer
   std::unique_ptr<FsdpUnit> final_norm_;            // model.norm
   std::unique_ptr<FsdpUnit> lm_head_;               // lm_head; null when tied

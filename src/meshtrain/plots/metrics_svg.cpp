@@ -27,9 +27,11 @@ const char* const kEvalColor = "#d62728";
 const char* const kComputeColor = "#2ca02c";
 const char* const kCommColor = "#ff7f0e";
 const char* const kDataColor = "#7f7f7f";
+const char* const kBubbleColor = "#9467bd";
 
 struct TrainPoint {
   double step, loss, compute_ms, comm_ms, data_ms;
+  double bubble_ms = 0;  // pipeline parallelism: device 0's wait for the other stages, out of comm_ms
 };
 struct EvalPoint {
   double step, loss;
@@ -152,12 +154,14 @@ std::string polyline(const Panel& panel, const std::vector<std::pair<double, dou
 std::string draw(const std::vector<TrainPoint>& train, const std::vector<EvalPoint>& eval, const std::string& title) {
   double step_low = train.front().step, step_high = train.back().step;
   double loss_low = std::numeric_limits<double>::infinity(), loss_high = -loss_low, time_high = 0;
+  bool bubbles = false;
   for (const TrainPoint& p : train) {
     step_low = std::min(step_low, p.step);
     step_high = std::max(step_high, p.step);
     loss_low = std::min(loss_low, p.loss);
     loss_high = std::max(loss_high, p.loss);
     time_high = std::max(time_high, p.compute_ms + p.comm_ms + p.data_ms);
+    bubbles |= p.bubble_ms > 0;
   }
   for (const EvalPoint& p : eval) {
     loss_low = std::min(loss_low, p.loss);
@@ -189,8 +193,10 @@ std::string draw(const std::vector<TrainPoint>& train, const std::vector<EvalPoi
   const double bar = std::clamp(0.7 * times.x_per_unit(), 2.0, 40.0);
   for (const TrainPoint& p : train) {
     double base = 0;
+    const double bubble_ms = std::min(p.bubble_ms, p.comm_ms);
     for (const auto& [ms, color] : {std::pair<double, const char*>{p.compute_ms, kComputeColor},
-                                    {p.comm_ms, kCommColor}, {p.data_ms, kDataColor}}) {
+                                    {p.comm_ms - bubble_ms, kCommColor}, {bubble_ms, kBubbleColor},
+                                    {p.data_ms, kDataColor}}) {
       if (ms <= 0) continue;
       svg += fmt::format(R"svg(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}"/>)svg"
                          "\n",
@@ -198,7 +204,11 @@ std::string draw(const std::vector<TrainPoint>& train, const std::vector<EvalPoi
       base += ms;
     }
   }
-  svg += times.legend({{"compute", kComputeColor}, {"communication", kCommColor}, {"data wait", kDataColor}});
+  std::vector<std::pair<std::string, std::string>> time_legend = {{"compute", kComputeColor},
+                                                                  {"communication", kCommColor}};
+  if (bubbles) time_legend.emplace_back("pipeline bubble (stage 0)", kBubbleColor);
+  time_legend.emplace_back("data wait", kDataColor);
+  svg += times.legend(time_legend);
   return svg + "</svg>\n";
 }
 
@@ -219,9 +229,14 @@ fs::path plot_metrics(const fs::path& output_dir) {
     const double step = row["step"].get<double>();
     if (row.contains("eval_loss"))
       eval.push_back({step, number(row, "eval_loss")});
-    else if (row.contains("loss"))
+    else if (row.contains("loss")) {
+      // Device 0 is stage 0: its wait is the first stage's bubble.
+      const bool pipelined = row.contains("pipeline_bubble_s") && row["pipeline_bubble_s"].is_array() &&
+                             !row["pipeline_bubble_s"].empty() && row["pipeline_bubble_s"][0].is_number();
       train.push_back({step, number(row, "loss"), 1e3 * number(row, "compute_s"), 1e3 * number(row, "comm_s"),
-                       1e3 * number(row, "data_wait_s")});
+                       1e3 * number(row, "data_wait_s"),
+                       pipelined ? 1e3 * row["pipeline_bubble_s"][0].get<double>() : 0.0});
+    }
   }
   MT_USER_CHECK(!train.empty(), "{} holds no training line yet: nothing to plot", source.string());
   const fs::path target = output_dir / "metrics.svg";

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <type_traits>
 #if TORCH_VERSION_MAJOR >= 2
@@ -26,6 +27,7 @@ const char* collective_name(Collective kind) {
     case Collective::barrier: return "barrier";
     case Collective::point_to_point: return "point_to_point";
     case Collective::kv_exchange: return "kv_exchange";
+    case Collective::stage_transfer: return "stage_transfer";
   }
   return "?";
 }
@@ -123,8 +125,14 @@ class CommBackend {
     };
   }
   virtual void barrier() = 0;
-  virtual void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
-                        const std::vector<std::pair<int, at::Tensor>>& receives, int tag) = 0;
+  // Starts the point-to-point sends and receives: `wait` waits for all of them (and returns an undefined tensor),
+  // `done` says whether they have completed, without waiting.
+  struct StartedExchange {
+    std::function<at::Tensor()> wait;
+    std::function<bool()> done;
+  };
+  virtual StartedExchange start_exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                         const std::vector<std::pair<int, at::Tensor>>& receives, int tag) = 0;
 };
 
 namespace {
@@ -146,8 +154,8 @@ class SoloBackend final : public CommBackend {
     return [received] { return received; };
   }
   void barrier() override {}
-  void exchange(const std::vector<std::pair<int, at::Tensor>>&, const std::vector<std::pair<int, at::Tensor>>&,
-                int) override {
+  StartedExchange start_exchange(const std::vector<std::pair<int, at::Tensor>>&,
+                                 const std::vector<std::pair<int, at::Tensor>>&, int) override {
     MT_CHECK(false, "a group of one device has no peer to exchange with");
   }
 };
@@ -210,21 +218,28 @@ class ProcessGroupBackend final : public CommBackend {
 
   void barrier() override { group_->barrier()->wait(); }
 
-  void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
-                const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
+  StartedExchange start_exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                 const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     // c10d takes the tensor vectors by reference and keeps them until the work ends: they live until the waits.
-    std::vector<std::vector<at::Tensor>> buffers;
-    buffers.reserve(sends.size() + receives.size());
+    auto buffers = std::make_shared<std::vector<std::vector<at::Tensor>>>();
+    buffers->reserve(sends.size() + receives.size());
     for (const auto& [rank, tensor] : sends) {
-      buffers.push_back({tensor});
-      works.push_back(group_->send(buffers.back(), rank, tag));
+      buffers->push_back({tensor});
+      works.push_back(group_->send(buffers->back(), rank, tag));
     }
     for (const auto& [rank, tensor] : receives) {
-      buffers.push_back({tensor});
-      works.push_back(group_->recv(buffers.back(), rank, tag));
+      buffers->push_back({tensor});
+      works.push_back(group_->recv(buffers->back(), rank, tag));
     }
-    for (auto& work : works) work->wait();
+    auto wait = [works, buffers] {
+      for (const auto& work : works) work->wait();
+      return at::Tensor();
+    };
+    auto done = [works] {
+      return std::all_of(works.begin(), works.end(), [](const auto& work) { return work->isCompleted(); });
+    };
+    return {wait, done};
   }
 
  private:
@@ -299,9 +314,9 @@ class LocalBackend final : public CommBackend {
     group_->read(sequence, rank_);
   }
 
-  void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
-                const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
-    for_exchange_->exchange(sends, receives, tag);
+  StartedExchange start_exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                 const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
+    return for_exchange_->start_exchange(sends, receives, tag);
   }
 
  private:
@@ -342,9 +357,9 @@ class HostSplitBackend final : public CommBackend {
     return whole_.start_all_to_all(input);
   }
   void barrier() override { whole_.barrier(); }
-  void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
-                const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
-    whole_.exchange(sends, receives, tag);
+  StartedExchange start_exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                 const std::vector<std::pair<int, at::Tensor>>& receives, int tag) override {
+    return whole_.start_exchange(sends, receives, tag);
   }
 
   std::function<at::Tensor()> start_allgather(const at::Tensor& local,
@@ -480,13 +495,14 @@ PendingCollective Comm::allgather_async(const at::Tensor& local, const MakeDesti
 }
 
 PendingCollective Comm::start(Collective kind, int64_t bytes,
-                              const std::function<std::function<at::Tensor()>()>& issue) {
+                              const std::function<std::function<at::Tensor()>()>& issue, const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
   PendingCollective pending;
   pending.kind_ = kind;
   pending.bytes_ = bytes;
-  pending.ticket_ = counters_->begin(label_, kind, ++sequence_, bytes);
-  pending.label_ = fmt::format("{} #{} over {}", collective_name(kind), sequence_, label_);
+  const std::string group = what.empty() ? label_ : fmt::format("{}: {}", label_, what);
+  pending.ticket_ = counters_->begin(group, kind, ++sequence_, bytes);
+  pending.label_ = fmt::format("{} #{} over {}", collective_name(kind), sequence_, group);
   try {
     pending.finish_ = issue();
   } catch (const std::exception& e) {
@@ -496,6 +512,8 @@ PendingCollective Comm::start(Collective kind, int64_t bytes,
   pending.issue_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return pending;
 }
+
+bool PendingCollective::done() const { return !finish_ || (done_ && done_()); }
 
 at::Tensor PendingCollective::wait() {
   MT_CHECK(finish_, "PendingCollective::wait called twice (or on a collective that was never started)");
@@ -544,6 +562,12 @@ void Comm::barrier() {
 
 void Comm::exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
                     const std::vector<std::pair<int, at::Tensor>>& receives, int tag, Collective counted_as) {
+  exchange_async(sends, receives, tag, counted_as).wait();
+}
+
+PendingCollective Comm::exchange_async(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                       const std::vector<std::pair<int, at::Tensor>>& receives, int tag,
+                                       Collective counted_as, const std::string& what) {
   int64_t bytes = 0;
   for (const auto& [rank, tensor] : sends) {
     MT_CHECK(rank >= 0 && rank < size() && rank != this->rank() && tensor.is_contiguous(),
@@ -555,7 +579,17 @@ void Comm::exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
     MT_CHECK(rank >= 0 && rank < size() && rank != this->rank() && tensor.is_contiguous(),
              "exchange over {}: a receive from rank {} (of {}, this is {}) into a buffer that must be contiguous",
              label_, rank, size(), this->rank());
-  run(counted_as, bytes, [&] { backend_->exchange(sends, receives, tag); });
+  std::function<bool()> done;
+  PendingCollective pending = start(
+      counted_as, bytes,
+      [&] {
+        CommBackend::StartedExchange started = backend_->start_exchange(sends, receives, tag);
+        done = std::move(started.done);
+        return started.wait;
+      },
+      what);
+  pending.done_ = std::move(done);
+  return pending;
 }
 
 }  // namespace meshtrain::runtime

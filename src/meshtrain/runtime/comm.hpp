@@ -41,10 +41,12 @@ using C10dGroup = c10d::ProcessGroup;
 // point_to_point: Comm::exchange (sends and receives between chosen ranks), counted with the bytes sent.
 // kv_exchange: context parallelism's gathers of keys, values and document numbers and the reduce-scatters of the
 // keys' and values' gradients (parallel/context_parallel.hpp), counted apart from the other gathers.
+// stage_transfer: pipeline parallelism's activations sent to the next stage and their gradients sent back
+// (point to point, counted with the bytes sent).
 enum class Collective : int {
-  allreduce = 0, allgather, broadcast, reduce_scatter, all_to_all, barrier, point_to_point, kv_exchange
+  allreduce = 0, allgather, broadcast, reduce_scatter, all_to_all, barrier, point_to_point, kv_exchange, stage_transfer
 };
-constexpr int kNumCollectives = 8;
+constexpr int kNumCollectives = 9;
 const char* collective_name(Collective kind);
 
 // Calls, payload bytes (the local tensor's bytes as passed in) and wall time spent inside the call, per collective
@@ -116,10 +118,14 @@ class CollectiveError : public Error {
 class PendingCollective {
  public:
   at::Tensor wait();
+  // Whether wait() would return at once: waited already, or (a point-to-point exchange) completed in the transport.
+  // False for a collective that cannot tell.
+  bool done() const;
 
  private:
   friend class Comm;
   std::function<at::Tensor()> finish_;
+  std::function<bool()> done_;
   std::shared_ptr<CollectiveCounters> counters_;
   std::string label_;
   Collective kind_ = Collective::allgather;
@@ -192,6 +198,12 @@ class Comm {
   void exchange(const std::vector<std::pair<int, at::Tensor>>& sends,
                 const std::vector<std::pair<int, at::Tensor>>& receives, int tag,
                 Collective counted_as = Collective::point_to_point);
+  // The same, started now and finished by wait() (the tensors must live and stay unchanged until then). `what`
+  // names what travels in the flight recorder ("activations of micro-batch 3 from stage 0"), so that a device stuck
+  // waiting for a peer says for what.
+  PendingCollective exchange_async(const std::vector<std::pair<int, at::Tensor>>& sends,
+                                   const std::vector<std::pair<int, at::Tensor>>& receives, int tag,
+                                   Collective counted_as = Collective::point_to_point, const std::string& what = "");
 
   const CollectiveCounters& counters() const { return *counters_; }
 
@@ -201,7 +213,9 @@ class Comm {
   template <typename Call>
   auto run(Collective kind, int64_t bytes, Call&& call);
   // Starts `issue`'s collective as one of `kind` (entered and counted as run() does, when it is waited for).
-  PendingCollective start(Collective kind, int64_t bytes, const std::function<std::function<at::Tensor()>()>& issue);
+  // `what`, when given, follows the group's label in the flight recorder.
+  PendingCollective start(Collective kind, int64_t bytes, const std::function<std::function<at::Tensor()>()>& issue,
+                          const std::string& what = "");
 
   std::string label_;
   std::shared_ptr<CommBackend> backend_;

@@ -6,7 +6,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace meshtrain::settings {
 
@@ -198,6 +200,30 @@ CheckpointSettings read_checkpoint(KeyReader& r) {
 }
 
 // "none" | "full" | "every_<k>" (k >= 1) as the layers between checkpointed ones (0: none).
+PipelineSettings read_pipeline(KeyReader& r) {
+  PipelineSettings p;
+  p.schedule = r.choice<PipelineSchedule>("pipeline.schedule", kLayout,
+                                          {{"1f1b", PipelineSchedule::one_f_one_b}, {"gpipe", PipelineSchedule::gpipe}});
+  p.microbatches = r.integer("pipeline.microbatches", kLayout);
+  MT_USER_CHECK(p.microbatches >= 0, "pipeline.microbatches={}: expected 0 (one per row) or a positive count",
+                p.microbatches);
+  // "4,4,3,3": the layers of each stage in order (a list of one number per stage).
+  const std::string layers = r.text("pipeline.layers_per_stage", kLayout);
+  size_t begin = 0;
+  while (begin < layers.size()) {
+    const size_t end = std::min(layers.find(',', begin), layers.size());
+    const std::string item = layers.substr(begin, end - begin);
+    char* parsed_end = nullptr;
+    const long long count = std::strtoll(item.c_str(), &parsed_end, 10);
+    MT_USER_CHECK(!item.empty() && *parsed_end == '\0' && count >= 1,
+                  "pipeline.layers_per_stage={}: expected the layer count of each stage separated by commas, each at "
+                  "least 1 (e.g. \"3,3,2\"), or null to balance the stages by compute", layers);
+    p.layers_per_stage.push_back(count);
+    begin = end + 1;
+  }
+  return p;
+}
+
 int read_checkpoint_every(KeyReader& r) {
   const std::string value = r.text("activation_checkpointing", kLayout);
   if (value == "none") return 0;
@@ -311,6 +337,7 @@ Settings Settings::from_config(const config::Config& config) {
   s.parallel.reshard_after_forward = r.boolean("parallel.reshard_after_forward", kLayout);
   s.parallel.capacity_factor = r.real("moe.capacity_factor", kResult);
   s.parallel.checkpoint_every = read_checkpoint_every(r);
+  s.pipeline = read_pipeline(r);
   s.memory.check = r.boolean("memory.check", kLayout);
   s.memory.cache_slack = r.real("memory.cache_slack", kLayout);
   s.metrics.peak_gflops = r.real("metrics.peak_gflops", kLayout);

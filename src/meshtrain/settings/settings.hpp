@@ -18,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace meshtrain::settings {
 
@@ -86,6 +87,14 @@ struct ParallelSettings {
   int checkpoint_every = 0;    // activation_checkpointing: 0 none, 1 full, k every_<k>
 };
 
+// pipeline.*: how a mesh with pipeline > 1 runs its stages (parallel/pipeline_schedule.hpp).
+enum class PipelineSchedule { gpipe, one_f_one_b };
+struct PipelineSettings {
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int64_t microbatches = 0;               // per forward/backward pass of a device's rows; 0: one per row
+  std::vector<int64_t> layers_per_stage;  // empty: balanced by compute
+};
+
 struct MemorySettings {
   bool check = true;
   double cache_slack = 0.5;
@@ -144,6 +153,7 @@ struct Settings {
   EvalSettings eval;
   CheckpointSettings checkpoint;
   ParallelSettings parallel;
+  PipelineSettings pipeline;
   MemorySettings memory;
   MetricsSettings metrics;
   DebugSettings debug;

@@ -138,6 +138,13 @@ double StepMetrics::Routing::max_over_mean() const {
   return sum > 0 ? max * static_cast<double>(expert_load.size()) / sum : 0;
 }
 
+double StepMetrics::pipeline_bubble_fraction() const {
+  if (!pipeline_bubble_seconds || pipeline_bubble_seconds->empty() || step_seconds <= 0) return 0;
+  double sum = 0;
+  for (double seconds : *pipeline_bubble_seconds) sum += seconds;
+  return sum / static_cast<double>(pipeline_bubble_seconds->size()) / step_seconds;
+}
+
 void MetricsLogger::write_line(const StepMetrics& m) {
   const double steps = static_cast<double>(pending_steps_);
   const double tokens_per_s = pending_step_s_ > 0 ? static_cast<double>(pending_tokens_) / pending_step_s_ : 0.0;
@@ -150,7 +157,7 @@ void MetricsLogger::write_line(const StepMetrics& m) {
 
   clear_progress();
   log::info("epoch: {}, step: {}/{}, loss (global mean): {:.4f}, grad_norm: {:.4f}, lr: {:.3e}, tokens/s: {:.0f} "
-            "({:.0f}/device){}, step time: {:.1f} ms (compute {:.1f}, comm {:.1f}), data wait: {:.1f} ms ({:.1f}%){}",
+            "({:.0f}/device){}, step time: {:.1f} ms (compute {:.1f}, comm {:.1f}), data wait: {:.1f} ms ({:.1f}%){}{}",
             m.epoch, m.step, max_steps_, m.loss, m.grad_norm, m.learning_rate, tokens_per_s, tokens_per_s_per_device,
             peak_known ? fmt::format(", MFU: {:.1f}%", 100 * mfu) : "", 1e3 * step_s, 1e3 * compute_s, 1e3 * comm_s,
             1e3 * data_wait_s, data_wait_percent,
@@ -159,7 +166,9 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                                     m.routing->dropped_fraction > 0
                                         ? fmt::format(", dropped: {:.2f}%", 100 * m.routing->dropped_fraction)
                                         : "")
-                      : "");
+                      : "",
+            m.pipeline_bubble_seconds ? fmt::format(", pipeline bubble: {:.1f}%", 100 * m.pipeline_bubble_fraction())
+                                      : "");
   const double peak_rss_gb = static_cast<double>(peak_resident_bytes()) / 1e9;
   if (file_.is_open()) {
     nlohmann::json line = {{"step", m.step},
@@ -185,6 +194,10 @@ void MetricsLogger::write_line(const StepMetrics& m) {
       line["alltoall_s"] = m.routing->alltoall_seconds;
     }
     if (m.kv_exchange_seconds) line["kv_exchange_s"] = *m.kv_exchange_seconds;
+    if (m.pipeline_bubble_seconds) {
+      line["pipeline_bubble_s"] = *m.pipeline_bubble_seconds;
+      line["pipeline_bubble_fraction"] = m.pipeline_bubble_fraction();
+    }
     append_json_line(line);
   }
   if (events_) {
@@ -200,6 +213,11 @@ void MetricsLogger::write_line(const StepMetrics& m) {
                                                            {"memory/peak_rss_gb", peak_rss_gb}};
     if (peak_known) scalars.emplace_back("throughput/mfu", mfu);
     if (m.kv_exchange_seconds) scalars.emplace_back("time/kv_exchange_s", *m.kv_exchange_seconds);
+    if (m.pipeline_bubble_seconds) {
+      scalars.emplace_back("pipeline/bubble_fraction", m.pipeline_bubble_fraction());
+      for (size_t s = 0; s < m.pipeline_bubble_seconds->size(); ++s)
+        scalars.emplace_back(fmt::format("pipeline/bubble_s_stage_{}", s), (*m.pipeline_bubble_seconds)[s]);
+    }
     if (m.routing)
       for (const auto& [tag, value] : {std::pair<std::string, double>{"moe/aux_loss", m.routing->aux_loss},
                                        {"moe/expert_load_max_over_mean", m.routing->max_over_mean()},

@@ -48,6 +48,11 @@ struct StepMetrics {
   std::optional<Routing> routing;
   // Context parallelism: the time device 0 spent in the step's K/V exchange (gathers and gradient reduce-scatters).
   std::optional<double> kv_exchange_seconds;
+  // Pipeline parallelism: stage by stage, the time the stage's device (of device 0's pipeline group) spent waiting
+  // for a neighbouring stage in the step: the bubble (part of comm_s).
+  std::optional<std::vector<double>> pipeline_bubble_seconds;
+  // Their mean over the stages as a fraction of step_seconds.
+  double pipeline_bubble_fraction() const;
 };
 
 struct EvalMetrics {

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <sstream>
 #include <thread>
 
 #include <signal.h>
@@ -47,7 +48,8 @@ std::map<std::string, int64_t> collective_bytes(const runtime::CollectiveCounter
           {"allreduce", counters.bytes(Collective::allreduce)},
           {"alltoall", counters.bytes(Collective::all_to_all)},
           {"broadcast", counters.bytes(Collective::broadcast)},
-          {"kv_exchange", counters.bytes(Collective::kv_exchange)}};
+          {"kv_exchange", counters.bytes(Collective::kv_exchange)},
+          {"stage_transfer", counters.bytes(Collective::stage_transfer)}};
 }
 
 // The batch's document numbers as the model takes them (int64), undefined without data.document_mask.
@@ -94,6 +96,12 @@ Trainer::Trainer(const settings::Settings& settings, const mesh::Mesh& mesh, int
                 "gradient_accumulation_steps={} does not divide the {} rows each device holds (global_batch_size {} "
                 "over the mesh)", settings_.gradient_accumulation_steps, pipeline_->rows_per_device(),
                 settings_.global_batch_size);
+  if (mesh.size(mesh::Axis::pipeline) > 1) {  // the layout's errors before any device starts
+    parallel::split_layers(settings_.model, settings_.block_size, mesh.size(mesh::Axis::pipeline),
+                           settings_.pipeline.layers_per_stage);
+    parallel::pipeline_microbatches(settings_.pipeline.microbatches,
+                                    pipeline_->rows_per_device() / settings_.gradient_accumulation_steps);
+  }
   if (settings_.eval.enabled()) {
     eval_pipeline_ = std::make_unique<data::DataPipeline>(settings_, mesh, host, nullptr,
                                                           data::DataPipeline::Purpose::evaluation);
@@ -157,6 +165,21 @@ bool Trainer::start(const runtime::JobFacts& agreed) {
             first_step(), settings_.max_steps, settings_.global_batch_size, settings_.block_size, global_tokens,
             settings_.gradient_accumulation_steps, settings_.gradient_accumulation_steps == 1 ? "" : "es",
             settings_.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16 matmuls" : "fp32", mesh_.num_devices());
+
+  if (const int stages = mesh_.size(mesh::Axis::pipeline); stages > 1) {
+    const int64_t rows = pipeline_->rows_per_device() / settings_.gradient_accumulation_steps;
+    const int64_t microbatches = parallel::pipeline_microbatches(settings_.pipeline.microbatches, rows);
+    log::info("Pipeline: {} stages ({}); schedule {}, each pass of {} rows per device in {} micro-batches of {} rows, "
+              "activations [{}, {}, {}] {} between stages",
+              stages,
+              parallel::describe_stages(parallel::split_layers(settings_.model, settings_.block_size, stages,
+                                                               settings_.pipeline.layers_per_stage)),
+              parallel::schedule_name(settings_.pipeline.schedule), rows, microbatches, rows / microbatches,
+              rows / microbatches, settings_.block_size / mesh_.size(mesh::Axis::context), model_config.hidden_size,
+              settings_.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16" : "fp32");
+    std::istringstream timeline(parallel::schedule_timeline(settings_.pipeline.schedule, stages, microbatches));
+    for (std::string line; std::getline(timeline, line);) log::info("Pipeline schedule: {}", line);
+  }
 
   // Where the parameters' values come from; each device asks for its own pieces only (sharded initialization).
   // The resume point's files were verified when it was found.
@@ -261,16 +284,14 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   }
   double local_loss_sum = 0;
   for (int64_t micro = 0; micro < micro_batches; ++micro) {
-    const at::Tensor loss_sum = model_->loss_sum(input_chunks[micro], label_chunks[micro], document_chunks[micro]);
+    local_loss_sum += model_->forward_backward(input_chunks[micro], label_chunks[micro], document_chunks[micro],
+                                               1.0 / (static_cast<double>(global_tokens) * replicas));
     if (routing) {  // the global batch's routing (replicated rows counted once)
       routing->aux_loss += router_stats->aux_loss() / static_cast<double>(micro_batches);
       routing->dropped_fraction += router_stats->dropped_fraction() / static_cast<double>(micro_batches);
       const double* routed_E = router_stats->routed_slots().data_ptr<double>();
       for (size_t e = 0; e < routing->expert_load.size(); ++e) routing->expert_load[e] += routed_E[e] / replicas;
     }
-    (loss_sum / (static_cast<double>(global_tokens) * replicas)).backward();
-    model_->finish_backward();
-    local_loss_sum += loss_sum.item<double>();
     // The micro-batch's small buffers (common/heap.hpp says why); one trim serves the whole process.
     if (reporter_) release_freed_heap_memory();
   }
@@ -283,7 +304,8 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   model_->zero_gradients();
   if (reporter_) release_freed_heap_memory();
   at::Tensor loss = at::tensor({local_loss_sum}, at::kDouble);
-  model_->batch_comm().allreduce_sum(loss);
+  model_->loss_comm().allreduce_sum(loss);
+  std::vector<double> stage_waits = model_->take_stage_wait_seconds();
 
   StepMetrics metrics;
   metrics.step = step;
@@ -300,6 +322,7 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   metrics.flops_per_token = static_cast<double>(settings_.model.training_flops_per_token(settings_.block_size));
   if (routing) routing->alltoall_seconds = counters.seconds(runtime::Collective::all_to_all) - alltoall_before;
   metrics.routing = routing;
+  if (!stage_waits.empty()) metrics.pipeline_bubble_seconds = std::move(stage_waits);
   if (mesh::MeshRoles(ctx_.mesh()).context_split())
     metrics.kv_exchange_seconds = counters.seconds(runtime::Collective::kv_exchange) - kv_exchange_before;
   metrics.comm_bytes = collective_bytes(counters);
@@ -315,13 +338,13 @@ EvalMetrics DeviceTrainer::evaluate(int64_t step) {
   double local_loss_sum = 0;
   for (int64_t b = 0; b < eval_pipeline.batches_per_epoch(); ++b) {
     const data::DeviceBatch batch = eval_pipeline.next(ctx_);
-    local_loss_sum += model_->loss_sum(batch.input_ids.local().to(at::kLong), batch.labels.local().to(at::kLong),
-                                       documents_of(batch))
-                          .item<double>();
+    local_loss_sum += model_->evaluation_loss_sum(batch.input_ids.local().to(at::kLong),
+                                                  batch.labels.local().to(at::kLong), documents_of(batch));
   }
   if (reporter_) release_freed_heap_memory();
   at::Tensor loss = at::tensor({local_loss_sum}, at::kDouble);
-  model_->batch_comm().allreduce_sum(loss);
+  model_->loss_comm().allreduce_sum(loss);
+  model_->take_stage_wait_seconds();  // the evaluation's waits are not a training step's bubble
   EvalMetrics metrics;
   metrics.step = step;
   metrics.tokens = eval_pipeline.batches_per_epoch() * settings_.tokens_per_step();

@@ -1,0 +1,67 @@
+// pipeline_schedule.hpp — pipeline parallelism's plan, without tensors: which decoder layers each stage holds
+// (balanced by compute, the embedding with the first stage and the final norm, head and loss with the last), the
+// order in which a stage runs its micro-batches' forward and backward passes (GPipe, 1F1B), the text timeline of a
+// schedule with its bubbles, and the bubble it implies. The parallel model runs the order (parallel_model.hpp); the
+// trainer and `meshtrain plan` print the plan and the timeline.
+#pragma once
+
+#include "meshtrain/config/llama_config.hpp"
+#include "meshtrain/settings/settings.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain::parallel {
+
+// Decoder layers [first, end) of one stage.
+struct StageLayers {
+  int64_t first = 0, end = 0;
+  int64_t size() const { return end - first; }
+  bool operator==(const StageLayers& other) const { return first == other.first && end == other.end; }
+};
+
+// The layers of each of `stages` stages: `layers_per_stage` when given (pipeline.layers_per_stage), otherwise the
+// split that makes the most expensive stage cheapest, a layer costing `layer_cost` and the head `head_cost` more on
+// the last stage (ties: the earlier stages take more layers). UserError naming pipeline (more stages than layers)
+// or pipeline.layers_per_stage (not one count per stage, or not summing to the layers), with a value that fits.
+std::vector<StageLayers> split_layers(int64_t num_layers, int stages, double layer_cost, double head_cost,
+                                      const std::vector<int64_t>& layers_per_stage = {});
+// The same for a model: the costs are its training FLOPs per token of one layer and of the head at `block_size`.
+std::vector<StageLayers> split_layers(const config::LlamaConfig& model, int64_t block_size, int stages,
+                                      const std::vector<int64_t>& layers_per_stage = {});
+// "stage 0: embedding, layers 0-3; stage 1: layers 4-7, final norm, head and loss"
+std::string describe_stages(const std::vector<StageLayers>& stages);
+
+// The micro-batches one forward/backward pass over a device's `rows` rows is split into: `configured`
+// (pipeline.microbatches), or one per row when it is 0. UserError naming pipeline.microbatches, with the counts that
+// would fit, unless it divides the rows.
+int64_t pipeline_microbatches(int64_t configured, int64_t rows);
+
+// One pass of a stage over one micro-batch.
+struct StageAction {
+  enum class Kind { forward, backward } kind = Kind::forward;
+  int64_t microbatch = 0;
+  bool operator==(const StageAction& other) const { return kind == other.kind && microbatch == other.microbatch; }
+};
+
+// What stage `stage` of `stages` runs, in order, for `microbatches` micro-batches: GPipe, every forward then every
+// backward (in the same order); 1F1B, min(stages - 1 - stage, microbatches) forwards to fill the pipeline, then one
+// forward and one backward in turn, then the backwards left (at most stages - stage micro-batches in flight).
+std::vector<StageAction> stage_actions(settings::PipelineSchedule schedule, int stages, int stage,
+                                       int64_t microbatches);
+// The most micro-batches whose activations a stage keeps at once under the schedule (forwards not yet backwarded).
+int64_t microbatches_in_flight(settings::PipelineSchedule schedule, int stages, int stage, int64_t microbatches);
+
+// The ideal bubble: the fraction of a pass each stage idles, (stages - 1) / (microbatches + stages - 1), for GPipe
+// and 1F1B alike when every stage takes the same time.
+double ideal_bubble_fraction(int stages, int64_t microbatches);
+
+// The schedule simulated with every forward taking one slot and every backward two: one line per stage, a cell
+// per slot ("F3" a forward of micro-batch 3, "B3" a backward, ".." idle), then the bubble of the simulation, e.g.
+//   stage 0 | F0 F1 .. .. B0 B0 F2 ...
+std::string schedule_timeline(settings::PipelineSchedule schedule, int stages, int64_t microbatches);
+
+const char* schedule_name(settings::PipelineSchedule schedule);  // "gpipe", "1f1b"
+
+}  // namespace meshtrain::parallel
