@@ -10,7 +10,9 @@ with 8 devices, each job starting, training 2 or 3 steps, saving checkpoints and
     step 3 is complete); then its step-3 checkpoint is deleted and the same job resumes from step 2 and saves step 3;
   * 1 host x 8 devices training mixtral-tiny on expert=4 x fsdp=2 (the all-to-alls between device threads), 2 steps;
   * 1 host x 8 devices on context=4 x fsdp=2 with documents kept apart (each layer's K/V all-gathers and their
-    gradients' reduce-scatters between device threads), 2 steps.
+    gradients' reduce-scatters between device threads), 2 steps;
+  * 1 host x 8 devices on pipeline=4 x fsdp=2 (1F1B: activations and gradients sent point to point between the
+    stages' device threads while they compute), a 4-layer llama-tiny, 2 steps.
 Every job must exit 0 within its timeout and leave a complete checkpoint; its output must not contain a sanitizer
 report. All runs are made even after a failure, so the report gives the failure rate and each failed run's tail.
 
@@ -18,7 +20,7 @@ Registered as the ctest `python.stress.SlowTest` (tests/CMakeLists.txt); `make s
 Environment:
   MESHTRAIN_BINARY          the meshtrain binary (set by ctest, `make stress`)
   MESHTRAIN_STRESS_RUNS     1x8 jobs (default 20), and a quarter as many 2x4 save/resume pairs, Mixtral jobs and
-                            context-parallel jobs (at least one each). On 2
+                            context-parallel and pipeline jobs (at least one each). On 2
                             cores a 1x8 job takes ~5 s in Release (~15 s under ASan), a 2x4 pair ~15 s (~60 s).
   MESHTRAIN_STRESS_TIMEOUT  seconds one job may take (default 180; a hang is a failure)
 On the code before the fix of the yaml-cpp race (device threads reading one YAML node in TrainingState::for_config),
@@ -153,6 +155,17 @@ class StressTest(unittest.TestCase):
             return problems
 
         self.stress("1 host x 8 devices, context=4 x fsdp=2 with documents", max(1, RUNS // 4), one_run)
+
+    def test_one_host_eight_devices_pipeline(self):
+        def one_run(i):
+            out = os.path.join(self.tmp.name, f"pipeline-{i}")
+            code, _, cmd, output = self.job(1, 8, [*SHORT, "model.num_hidden_layers=4", "ici_mesh.pipeline=4",
+                                                   "ici_mesh.fsdp=2", f"output_dir={out}"])
+            problems = self.check(code, cmd, output, out, 2)
+            shutil.rmtree(out, ignore_errors=True)
+            return problems
+
+        self.stress("1 host x 8 devices, pipeline=4 x fsdp=2", max(1, RUNS // 4), one_run)
 
     def test_two_hosts_four_devices_save_and_resume(self):
         mesh = ["global_batch_size=8", "block_size=64", "max_steps=3", "ici_mesh.fsdp=4", "dcn_mesh.fsdp=2",

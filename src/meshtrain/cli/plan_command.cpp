@@ -10,6 +10,7 @@
 #include "meshtrain/data/read_plan.hpp"
 #include "meshtrain/settings/settings.hpp"
 #include "meshtrain/sharding/visualize.hpp"
+#include "meshtrain/parallel/pipeline_schedule.hpp"
 #include "meshtrain/train/memory_plan.hpp"
 
 #include <fmt/ranges.h>
@@ -156,6 +157,13 @@ nlohmann::json memory_json(const settings::Settings& settings, const mesh::Mesh&
           {"available", available.bytes}, {"available_source", available.source}, {"verdict", verdict}};
 }
 
+// The pipeline's stages and schedule timeline (parallel/pipeline_schedule.hpp); none without a pipeline.
+std::vector<std::string> pipeline_lines(const settings::Settings& settings, const mesh::Mesh& mesh) {
+  const int64_t rows = train::memory_layout(settings, mesh, data::input_sharding(settings.data.input_sharding, mesh))
+                           .rows_per_device;
+  return parallel::describe_pipeline(settings, mesh, rows / settings.gradient_accumulation_steps);
+}
+
 }  // namespace
 
 int plan_command(int argc, char** argv) {
@@ -211,7 +219,9 @@ int plan_command(int argc, char** argv) {
   }
   const StepPlan plan = step_plan(settings, mesh, global_step);
   if (as_json) {
-    std::cout << nlohmann::json{{"mesh", mesh_json(mesh)}, {"data", data_json(plan)}}.dump() << "\n";
+    nlohmann::json out{{"mesh", mesh_json(mesh)}, {"data", data_json(plan)}};
+    if (mesh.size(mesh::Axis::pipeline) > 1) out["pipeline"] = pipeline_lines(settings, mesh);
+    std::cout << out.dump() << "\n";
     return 0;
   }
   std::cout << "Logical mesh shape: " << mesh.shape_string() << "\n"
@@ -219,6 +229,7 @@ int plan_command(int argc, char** argv) {
             << "ici_mesh " << mesh.ici().equation() << " per slice, dcn_mesh " << mesh.dcn().equation()
             << " slices, " << mesh.hosts() << " hosts x " << mesh.devices_per_host() << " devices per host\n\n"
             << mesh.device_table() << "\n";
+  for (const std::string& line : pipeline_lines(settings, mesh)) std::cout << line << "\n";
   print_data_plan(plan, mesh, settings, global_step);
   if (show_sharding) {
     const sharding::PictureOptions picture{sharding::wants_color(STDOUT_FILENO)};

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <sstream>
 
 namespace meshtrain::parallel {
 namespace {
@@ -212,6 +213,24 @@ std::string schedule_timeline(settings::PipelineSchedule schedule, int stages, i
 
 const char* schedule_name(settings::PipelineSchedule schedule) {
   return schedule == settings::PipelineSchedule::gpipe ? "gpipe" : "1f1b";
+}
+
+std::vector<std::string> describe_pipeline(const settings::Settings& settings, const mesh::Mesh& mesh,
+                                           int64_t pass_rows) {
+  const int stages = mesh.size(mesh::Axis::pipeline);
+  if (stages == 1) return {};
+  const int64_t microbatches = pipeline_microbatches(settings.pipeline.microbatches, pass_rows);
+  const int64_t rows = pass_rows / microbatches, tokens = settings.block_size / mesh.size(mesh::Axis::context);
+  std::vector<std::string> lines = {fmt::format(
+      "Pipeline: {} stages ({}); schedule {}, each pass of {} rows per device in {} micro-batches of {} row{}: "
+      "activations [{}, {}, {}] {} sent to the next stage and their gradient back, per micro-batch",
+      stages,
+      describe_stages(split_layers(settings.model, settings.block_size, stages, settings.pipeline.layers_per_stage)),
+      schedule_name(settings.pipeline.schedule), pass_rows, microbatches, rows, rows == 1 ? "" : "s", rows, tokens,
+      settings.model.hidden_size, settings.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16" : "fp32")};
+  std::istringstream timeline(schedule_timeline(settings.pipeline.schedule, stages, microbatches));
+  for (std::string line; std::getline(timeline, line);) lines.push_back("Pipeline schedule: " + line);
+  return lines;
 }
 
 }  // namespace meshtrain::parallel

@@ -64,4 +64,10 @@ std::string schedule_timeline(settings::PipelineSchedule schedule, int stages, i
 
 const char* schedule_name(settings::PipelineSchedule schedule);  // "gpipe", "1f1b"
 
+// The pipeline of a job on `mesh` as the start-up log and `meshtrain plan` print it: the stages' layers, the schedule
+// with its micro-batches for passes of `pass_rows` rows per device and what travels between stages, then the
+// timeline; lines of text, none without a pipeline. UserError as split_layers and pipeline_microbatches.
+std::vector<std::string> describe_pipeline(const settings::Settings& settings, const mesh::Mesh& mesh,
+                                           int64_t pass_rows);
+
 }  // namespace meshtrain::parallel

@@ -7,6 +7,7 @@
 #include "meshtrain/model/flash_attention.hpp"
 #include "meshtrain/model/fused_cross_entropy.hpp"
 #include "meshtrain/parallel/fsdp.hpp"
+#include "meshtrain/parallel/pipeline_schedule.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -35,12 +36,30 @@ MemoryLayout memory_layout(const settings::Settings& settings, const mesh::Mesh&
   for (int member : mesh.group_of(0, {mesh::Axis::fsdp}))
     if (member != 0 && mesh.device(member).host == mesh.device(0).host) ++layout.fsdp_on_host;
   layout.rows_per_device = std::max<int64_t>(1, settings.global_batch_size / std::max<int64_t>(1, batch_row_shards));
+  if (const int stages = mesh.size(mesh::Axis::pipeline); stages > 1) {
+    for (const parallel::StageLayers& s :
+         parallel::split_layers(settings.model, settings.block_size, stages, settings.pipeline.layers_per_stage))
+      layout.stage_layers.push_back(s.size());
+    const int64_t pass_rows = std::max<int64_t>(1, layout.rows_per_device / settings.gradient_accumulation_steps);
+    layout.pipeline_microbatches =
+        settings.pipeline.microbatches == 0 ? pass_rows : std::min(settings.pipeline.microbatches, pass_rows);
+  }
   return layout;
 }
 
-MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& layout) {
+namespace {
+
+// What one pipeline stage holds (the whole model without a pipeline).
+struct StagePart {
+  int64_t layers = 0;
+  bool embedding = true, head = true;  // the first stage's, the last stage's
+  int64_t microbatches = 1;            // of a pass
+  int64_t in_flight = 1;               // of them, whose activations are kept at once
+};
+
+DeviceMemory plan_stage(const settings::Settings& settings, const MemoryLayout& layout, const StagePart& part) {
   const config::LlamaConfig& m = settings.model;
-  const int64_t D = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, tp = layout.tensor;
+  const int64_t D = m.hidden_size, V = m.vocab_size, L = part.layers, tp = layout.tensor;
   const int64_t q_out = m.num_attention_heads * m.head_dim, kv_out = m.num_key_value_heads * m.head_dim;
   const int64_t F = m.intermediate_size, H = m.num_attention_heads, K = m.num_key_value_heads, T = settings.block_size;
   // Elements of each FSDP unit on one tensor rank: the embedding, a layer, the final norm, lm_head (untied); the
@@ -50,19 +69,21 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   const int64_t local_experts = m.is_moe() ? m.num_local_experts / std::max(1, layout.expert) : 1;
   const int64_t router = m.is_moe() ? m.num_local_experts * D : 0;
   const int64_t layer = (2 * D * q_out + 2 * D * kv_out + local_experts * 3 * D * F) / tp + 2 * D + router;
-  const int64_t embedding_shard = ceil_div(V * D, layout.fsdp), layer_shard = ceil_div(layer, layout.fsdp);
-  const int64_t norm_shard = ceil_div(D, layout.fsdp), lm_head_shard = ceil_div(lm_head, layout.fsdp);
+  const int64_t embedding_shard = part.embedding ? ceil_div(V * D, layout.fsdp) : 0;
+  const int64_t layer_shard = ceil_div(layer, layout.fsdp);
+  const int64_t norm_shard = part.head ? ceil_div(D, layout.fsdp) : 0;
+  const int64_t lm_head_shard = part.head ? ceil_div(lm_head, layout.fsdp) : 0;
   const int64_t c = bytes_of(settings.compute_dtype), g = c;  // FSDP gathers carry the compute dtype
 
-  MemoryPlan plan;
-  plan.layout = layout;
-  DeviceMemory& d = plan.device;
+  DeviceMemory d;
   d.parameters = 4 * (embedding_shard + L * layer_shard + norm_shard + lm_head_shard);
   d.gradients = d.parameters;
   // The moments (the update's scratch is a chunk: AdamW::kChunkElements).
   d.optimizer = 2 * d.parameters;
-  // This device's tokens of one micro-batch: its rows' chunks with context parallelism (T / context of each row).
-  const int64_t micro_rows = layout.rows_per_device / std::max<int64_t>(1, settings.gradient_accumulation_steps);
+  // This device's tokens of one micro-batch (of a pipeline's micro-batches with one): its rows' chunks with context
+  // parallelism (T / context of each row).
+  const int64_t micro_rows = std::max<int64_t>(
+      1, layout.rows_per_device / std::max<int64_t>(1, settings.gradient_accumulation_steps) / part.microbatches);
   const int64_t tokens = micro_rows * T / std::max(1, layout.context);
   if (layout.fsdp > 1) {
     // The larger of: the head's weight gathered in fp32 with its gradient from the loss, at the end of the forward
@@ -88,9 +109,9 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
                                      : on_host == layout.fsdp ? 4 * layer / on_host
                                                               : 2 * 4 * layer / on_host;
     const int64_t layer_phase = (4 + 4 + 4 + 2 * staging) * layer + reduce_in_flight;
-    d.gathered = std::max(head_phase, layer_phase);
+    d.gathered = std::max(part.head ? head_phase : 0, layer_phase);
     if (!settings.parallel.reshard_after_forward)
-      d.gathered += 4 * L * layer + (m.tie_word_embeddings ? 0 : 4 * V * D);
+      d.gathered += 4 * L * layer + (m.tie_word_embeddings || !part.embedding ? 0 : 4 * V * D);
   } else {
     // The parameters are the shards; autograd's gradient of one layer before it is added to the shard, and with
     // bf16 compute the bf16 copies of every layer weight that backward keeps.
@@ -117,7 +138,9 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
     const int64_t checkpointed = ceil_div(L, every);
     d.activations = checkpointed * tokens * D * c + (L - checkpointed) * layer_activations + layer_activations;
   }
-  d.activations += 4 * tokens * D * c;  // the embedding output and the final norm
+  d.activations += 4 * tokens * D * c;  // the embedding output (or the received activations) and the final norm
+  // A pipeline stage keeps that for each micro-batch in flight (one backward at a time needs the working copies below).
+  d.activations *= part.in_flight;
   // One layer's attention backward at a time: its fp32 working copies; with context parallelism the keys of the other
   // devices' tokens too (k, v plain and by tiles, their gradients: 6 fp32 copies) and the whole rows' K/V gradients
   // reduce-scattered in fp32 (the stacked gradients and their rank-order copy).
@@ -130,7 +153,33 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   // and this device's shard of the head weight's fp32 gradient (reduce-scattered in forward; all of it at fsdp=1);
   // one chunk of logits with its gradient at a time.
   const int64_t chunk = std::min(tokens, model::cross_entropy_chunk_rows(V));
-  d.logits = 4 * ceil_div(head_weight, layout.fsdp) + tokens * D * c + chunk * V * (2 * 4 + c);
+  if (part.head)
+    d.logits = 4 * ceil_div(head_weight, layout.fsdp) + part.in_flight * tokens * D * c + chunk * V * (2 * 4 + c);
+  return d;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& layout) {
+  MemoryPlan plan;
+  plan.layout = layout;
+  if (layout.stage_layers.empty()) {
+    plan.device = plan_stage(settings, layout, {settings.model.num_hidden_layers});
+    return plan;
+  }
+  // The stage that needs the most.
+  const int stages = static_cast<int>(layout.stage_layers.size());
+  for (int s = 0; s < stages; ++s) {
+    StagePart part{layout.stage_layers[s], s == 0, s == stages - 1, layout.pipeline_microbatches};
+    part.in_flight =
+        parallel::microbatches_in_flight(settings.pipeline.schedule, stages, s, layout.pipeline_microbatches);
+    const DeviceMemory d = plan_stage(settings, layout, part);
+    if (s == 0 || d.total() > plan.device.total()) {
+      plan.device = d;
+      plan.stage = s;
+      plan.in_flight = part.in_flight;
+    }
+  }
   return plan;
 }
 
@@ -144,7 +193,12 @@ std::string MemoryPlan::describe() const {
       gigabytes(d.activations), gigabytes(d.logits), gigabytes(d.total()), layout.rows_per_device,
       layout.devices_per_host,
       (layout.expert > 1 ? fmt::format(", each layer's experts split over expert={}", layout.expert) : "") +
-          (layout.context > 1 ? fmt::format(", each row's tokens split over context={}", layout.context) : ""),
+          (layout.context > 1 ? fmt::format(", each row's tokens split over context={}", layout.context) : "") +
+          (layout.stage_layers.empty()
+               ? ""
+               : fmt::format(", pipeline stage {} of {} (the largest): {} layers, {} of {} micro-batches in flight",
+                             stage, layout.stage_layers.size(), layout.stage_layers[stage], in_flight,
+                             layout.pipeline_microbatches)),
       layout.devices_per_host, gigabytes(kProcessBytes), gigabytes(host_total()));
 }
 
@@ -167,27 +221,26 @@ void check_memory_fits(const settings::Settings& settings, const MemoryPlan& pla
     options.push_back({fmt::format("gradient_accumulation_steps={}", k), plan_memory(accumulated, plan.layout)});
     if (options.back().plan.host_total() <= available.bytes) break;
   }
+  // A wider layout over more hosts, alone and with activation checkpointing.
+  auto offer = [&](const std::string& change, const MemoryLayout& wider) {
+    options.push_back({change, plan_memory(settings, wider)});
+    if (settings.parallel.checkpoint_every != 1)
+      options.push_back({change + " with activation_checkpointing=full", plan_memory(full, wider)});
+  };
   // More FSDP over more hosts (same devices per host): less state per device and, with the batch rows split over
-  // fsdp, fewer rows; alone and with activation checkpointing.
+  // fsdp, fewer rows.
   for (int times = 2; times <= 64; times *= 2) {
     MemoryLayout wider = plan.layout;
     wider.fsdp *= times;
     if (wider.rows_per_device % times == 0) wider.rows_per_device /= times;
-    const std::string change = fmt::format("fsdp={} over {}x the hosts (dcn_mesh.fsdp={})", wider.fsdp, times, times);
-    options.push_back({change, plan_memory(settings, wider)});
-    if (settings.parallel.checkpoint_every != 1)
-      options.push_back({change + " with activation_checkpointing=full", plan_memory(full, wider)});
+    offer(fmt::format("fsdp={} over {}x the hosts (dcn_mesh.fsdp={})", wider.fsdp, times, times), wider);
   }
   // Each row's tokens split over more hosts (context parallelism): fewer tokens per device, the same state.
   for (int times = 2; times <= 16; times *= 2) {
     MemoryLayout wider = plan.layout;
     wider.context *= times;
     if (settings.block_size % (2 * wider.context) != 0) break;
-    const std::string change =
-        fmt::format("context={} over {}x the hosts (dcn_mesh.context={})", wider.context, times, times);
-    options.push_back({change, plan_memory(settings, wider)});
-    if (settings.parallel.checkpoint_every != 1)
-      options.push_back({change + " with activation_checkpointing=full", plan_memory(full, wider)});
+    offer(fmt::format("context={} over {}x the hosts (dcn_mesh.context={})", wider.context, times, times), wider);
   }
   std::vector<std::string> fitting;
   const Option* smallest = &options.front();

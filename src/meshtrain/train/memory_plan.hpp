@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace meshtrain::train {
 
@@ -26,6 +27,10 @@ struct MemoryLayout {
   int expert = 1;               // a Mixtral's experts split over this many devices
   int fsdp_on_host = 1;         // members of a device's fsdp group on its host (how its reduce-scatters travel)
   int context = 1;              // each row's tokens split over this many devices (context parallelism)
+  // Pipeline parallelism: each stage's decoder layers (empty: one stage of every layer), and the micro-batches one
+  // pass of a device's rows is cut into.
+  std::vector<int64_t> stage_layers;
+  int64_t pipeline_microbatches = 1;
 };
 
 struct DeviceMemory {
@@ -36,7 +41,9 @@ struct DeviceMemory {
 
 struct MemoryPlan {
   MemoryLayout layout;
-  DeviceMemory device;
+  DeviceMemory device;  // of the stage that needs the most (the only one without a pipeline)
+  int stage = 0;
+  int64_t in_flight = 1;  // micro-batches whose activations that stage keeps at once (its schedule's)
   int64_t host_total() const { return layout.devices_per_host * device.total() + kProcessBytes; }
   // "parameters 0.40 GB + gradients 0.40 GB + ... = 2.91 GB per device; 4 devices + process 0.31 GB = 11.97 GB per
   // host"

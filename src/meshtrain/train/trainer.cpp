@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <sstream>
 #include <thread>
 
 #include <signal.h>
@@ -96,12 +95,8 @@ Trainer::Trainer(const settings::Settings& settings, const mesh::Mesh& mesh, int
                 "gradient_accumulation_steps={} does not divide the {} rows each device holds (global_batch_size {} "
                 "over the mesh)", settings_.gradient_accumulation_steps, pipeline_->rows_per_device(),
                 settings_.global_batch_size);
-  if (mesh.size(mesh::Axis::pipeline) > 1) {  // the layout's errors before any device starts
-    parallel::split_layers(settings_.model, settings_.block_size, mesh.size(mesh::Axis::pipeline),
-                           settings_.pipeline.layers_per_stage);
-    parallel::pipeline_microbatches(settings_.pipeline.microbatches,
-                                    pipeline_->rows_per_device() / settings_.gradient_accumulation_steps);
-  }
+  // A pipeline's layout errors before any device starts.
+  parallel::describe_pipeline(settings_, mesh, pipeline_->rows_per_device() / settings_.gradient_accumulation_steps);
   if (settings_.eval.enabled()) {
     eval_pipeline_ = std::make_unique<data::DataPipeline>(settings_, mesh, host, nullptr,
                                                           data::DataPipeline::Purpose::evaluation);
@@ -166,20 +161,9 @@ bool Trainer::start(const runtime::JobFacts& agreed) {
             settings_.gradient_accumulation_steps, settings_.gradient_accumulation_steps == 1 ? "" : "es",
             settings_.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16 matmuls" : "fp32", mesh_.num_devices());
 
-  if (const int stages = mesh_.size(mesh::Axis::pipeline); stages > 1) {
-    const int64_t rows = pipeline_->rows_per_device() / settings_.gradient_accumulation_steps;
-    const int64_t microbatches = parallel::pipeline_microbatches(settings_.pipeline.microbatches, rows);
-    log::info("Pipeline: {} stages ({}); schedule {}, each pass of {} rows per device in {} micro-batches of {} rows, "
-              "activations [{}, {}, {}] {} between stages",
-              stages,
-              parallel::describe_stages(parallel::split_layers(settings_.model, settings_.block_size, stages,
-                                                               settings_.pipeline.layers_per_stage)),
-              parallel::schedule_name(settings_.pipeline.schedule), rows, microbatches, rows / microbatches,
-              rows / microbatches, settings_.block_size / mesh_.size(mesh::Axis::context), model_config.hidden_size,
-              settings_.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16" : "fp32");
-    std::istringstream timeline(parallel::schedule_timeline(settings_.pipeline.schedule, stages, microbatches));
-    for (std::string line; std::getline(timeline, line);) log::info("Pipeline schedule: {}", line);
-  }
+  for (const std::string& line : parallel::describe_pipeline(
+           settings_, mesh_, pipeline_->rows_per_device() / settings_.gradient_accumulation_steps))
+    log::info("{}", line);
 
   // Where the parameters' values come from; each device asks for its own pieces only (sharded initialization).
   // The resume point's files were verified when it was found.
