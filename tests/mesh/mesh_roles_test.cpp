@@ -55,5 +55,23 @@ TEST(MeshRolesTest, RowsSplitOverTensorAreRefused) {
   EXPECT_EQ(MeshRoles(mesh_of(1, 2, 1, 1)).row_replicas({Axis::fsdp, Axis::tensor}), 1);  // tensor = 1: harmless
 }
 
+TEST(MeshRolesTest, PipelineStagesSeeTheSameRowsAndAddTheirLosses) {
+  const Mesh mesh = mesh_of(1, 2, 1, 1, 1, 2);
+  const MeshRoles roles(mesh);
+  EXPECT_TRUE(roles.pipeline_split());
+  EXPECT_EQ(roles.batch_axes(), (Axes{Axis::data, Axis::fsdp}));
+  EXPECT_EQ(roles.token_axes(), (Axes{Axis::data, Axis::fsdp}));
+  EXPECT_EQ(roles.loss_axes(), (Axes{Axis::data, Axis::fsdp, Axis::pipeline}));
+  EXPECT_EQ(roles.dense_gradient_axes(), (Axes{Axis::data}));  // each stage holds its own layers: no replicas
+  EXPECT_EQ(roles.row_replicas({Axis::data, Axis::fsdp}), 1);
+  try {
+    roles.row_replicas({Axis::fsdp, Axis::pipeline});
+    FAIL() << "expected a UserError";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.input_sharding splits the batch over pipeline"), std::string::npos);
+  }
+  EXPECT_EQ(MeshRoles(mesh_of(1, 2, 1, 1)).loss_axes(), (Axes{Axis::data, Axis::fsdp}));
+}
+
 }  // namespace
 }  // namespace meshtrain::mesh

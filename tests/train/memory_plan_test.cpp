@@ -93,6 +93,32 @@ TEST(MemoryPlanTest, ContextParallelismSplitsEachRowsActivations) {
   }
 }
 
+TEST(MemoryPlanTest, APipelineStageHoldsItsLayersAndTheActivationsItsScheduleKeeps) {
+  // llama-10m (6 layers, untied) on 2 stages of 3 and 3 layers (given), 4 rows per device in 4 micro-batches.
+  const std::vector<std::string> model = {"model=llama-10m", "global_batch_size=4", "block_size=256",
+                                          "pipeline.microbatches=4", "pipeline.layers_per_stage=3,3"};
+  MemoryLayout whole{1, 1, 1, 4};
+  MemoryLayout staged = whole;
+  staged.stage_layers = {3, 3};
+  staged.pipeline_microbatches = 4;
+  const MemoryPlan one = plan_for(model, whole);
+  const MemoryPlan gpipe = plan_for([&] { auto o = model; o.push_back("pipeline.schedule=gpipe"); return o; }(), staged);
+  const MemoryPlan one_f_one_b = plan_for(model, staged);
+  // The state: the last stage holds 3 layers, the final norm and lm_head; the first 3 layers and the embedding (the
+  // same size as lm_head): each about half the model.
+  EXPECT_LT(one_f_one_b.device.parameters, one.device.parameters * 6 / 10);
+  EXPECT_GT(one_f_one_b.device.parameters, one.device.parameters * 4 / 10);
+  // GPipe keeps the activations of all 4 micro-batches of a quarter of the rows: about the whole pass's, for half the
+  // layers; 1F1B on the first stage 2 of them, on the last 1 (the last is the larger: it has the loss).
+  EXPECT_EQ(gpipe.in_flight, 4);
+  EXPECT_EQ(one_f_one_b.stage, 1);
+  EXPECT_EQ(one_f_one_b.in_flight, 1);
+  EXPECT_LT(one_f_one_b.device.activations, gpipe.device.activations * 3 / 10);
+  EXPECT_LT(gpipe.device.activations, one.device.activations * 6 / 10);
+  EXPECT_NE(one_f_one_b.describe().find("pipeline stage 1 of 2 (the largest): 3 layers, 1 of 4 micro-batches in "
+                                        "flight"), std::string::npos) << one_f_one_b.describe();
+}
+
 TEST(MemoryPlanTest, ActivationsFollowTheMicroBatchAndActivationCheckpointing) {
   const MemoryPlan whole = plan_for(k100m, {1, 1, 1, 8});
   const MemoryPlan halves = plan_for({"model=llama-100m", "block_size=128", "gradient_accumulation_steps=2"},
