@@ -25,7 +25,7 @@ void expect_commcheck_passes(int hosts, int devices, const std::vector<std::stri
   EXPECT_EQ(count(r.output, "commcheck passed on host"), hosts) << r.output;
   EXPECT_EQ(count(r.output, "All processes synchronized"), hosts) << r.output;
   // Every host logs one line per group kind (data, fsdp, tensor, expert, context, (data,fsdp), world).
-  EXPECT_EQ(count(r.output, "all correct"), 7 * hosts) << r.output;
+  EXPECT_EQ(count(r.output, "all correct"), 8 * hosts) << r.output;
   EXPECT_EQ(count(r.output, "commcheck over world"), hosts) << r.output;
   EXPECT_EQ(count(r.output, "commcheck global tensors: "), hosts) << r.output;
   EXPECT_NE(r.output.find("[host 1] "), std::string::npos) << r.output;

@@ -98,7 +98,8 @@ int commcheck_command(int argc, char** argv) {
   runtime.agree_on_job(facts);
 
   const std::vector<std::vector<Axis>> groups = {
-      {Axis::data}, {Axis::fsdp}, {Axis::tensor}, {Axis::expert}, {Axis::context}, {Axis::data, Axis::fsdp},
+      {Axis::data}, {Axis::fsdp}, {Axis::tensor}, {Axis::expert}, {Axis::context}, {Axis::pipeline},
+      {Axis::data, Axis::fsdp},
       std::vector<Axis>(mesh::kAllAxes.begin(), mesh::kAllAxes.end())};  // the last: the world
   std::mutex log_mutex;
   runtime.run_on_devices([&](runtime::DeviceContext& ctx) {
