@@ -328,7 +328,8 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   };
   const std::vector<FsdpUnit*> units = units_of(index), next = units_of(index + 1), previous = units_of(index - 1);
   at::Tensor input_BTD = x_BTD;
-  for (FsdpUnit* unit : units) input_BTD = GradientBoundary::apply(input_BTD, unit, &reducing_);
+  if (!per_pass_)  // in a pipeline pass the gradients are reduced once, when it ends
+    for (FsdpUnit* unit : units) input_BTD = GradientBoundary::apply(input_BTD, unit, &reducing_);
   for (FsdpUnit* unit : units) unit->gather();
   // The next units' all-gathers overlap this layer's forward.
   for (FsdpUnit* unit : next) unit->prefetch();
@@ -339,11 +340,10 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   const bool checkpointed = options_.checkpoint_every > 0 && index % options_.checkpoint_every == 0;
   at::Tensor y_BTD = checkpointed ? CheckpointedLayer::apply(input_BTD, &layer, rope)
                                   : layer.forward(input_BTD, rope);
-  if (resharding()) for (FsdpUnit* unit : units) unit->free_full();
-  // Backward runs the layers in reverse: gather this one again, and start the one before it (an evaluation has no
-  // backward). Without resharding a pipeline's backward may still find it freed: the backward of another
-  // micro-batch freed it, and no forward came between.
-  if (resharding() || (fsdp_comm_.size() > 1 && pipeline_comm_.size() > 1)) {
+  if (resharding() && !per_pass_) {
+    for (FsdpUnit* unit : units) unit->free_full();
+    // Backward runs the layers in reverse: gather this one again, and start the one before it (an evaluation has
+    // no backward).
     if (y_BTD.requires_grad())
       y_BTD.register_hook([units, previous](const at::Tensor&) {
         for (FsdpUnit* unit : units) unit->gather();
@@ -411,12 +411,9 @@ at::Tensor ParallelModel::embedded(const at::Tensor& tokens_BT) {
 }
 
 at::Tensor ParallelModel::head_loss_sum(const at::Tensor& x_BTD, const at::Tensor& targets_BT) {
-  const at::Tensor input_BTD = GradientBoundary::apply(x_BTD, final_norm_.get(), &reducing_);
+  const at::Tensor input_BTD = per_pass_ ? x_BTD : GradientBoundary::apply(x_BTD, final_norm_.get(), &reducing_);
   final_norm_->gather();
   const at::Tensor hidden_BTD = model_->final_norm(input_BTD);
-  // Its backward needs it gathered: the backward of another micro-batch may have freed it since (a pipeline's).
-  if (hidden_BTD.requires_grad() && fsdp_comm_.size() > 1)
-    hidden_BTD.register_hook([this](const at::Tensor&) { final_norm_->gather(); });
   const at::Tensor hidden_ND = hidden_BTD.reshape({-1, hidden_BTD.size(-1)}), targets_N = targets_BT.reshape({-1});
   const int64_t chunk_rows = model::cross_entropy_chunk_rows(model_->config().vocab_size);
   FsdpUnit& head_unit = head();
@@ -726,10 +723,12 @@ std::string ParallelModel::memory_summary() const {
                                           model_->config().num_local_experts),
       fsdp_comm_.size() == 1 ? "none (the shards are the parameters)"
                              : megabytes(static_cast<int64_t>(sizeof(float)) * largest_unit) + " for the largest unit",
-      fsdp_comm_.size() == 1 ? "no FSDP"
-      : resharding()         ? "one unit at a time: the embedding for the lookup, each layer (regathered for "
-                               "backward), the final norm and the head for the loss"
-                             : "every unit kept from forward to backward");
+      fsdp_comm_.size() == 1        ? "no FSDP"
+      : pipeline_comm_.size() > 1 ? "the stage's layers each gathered once per pass of its micro-batches and kept "
+                                    "with their gradients until the pass ends"
+      : resharding()              ? "one unit at a time: the embedding for the lookup, each layer (regathered for "
+                                    "backward), the final norm and the head for the loss"
+                                  : "every unit kept from forward to backward");
 }
 
 }  // namespace meshtrain::parallel

@@ -164,7 +164,11 @@ class ParallelModel {
   std::unique_ptr<ContextParallel> context_;  // context > 1: the model's ContextExchange
   int stage_ = 0;                             // this device's pipeline coordinate
   std::vector<StageLayers> stage_layers_;     // of every stage
-  double pipeline_wait_seconds_ = 0;          // since take_pipeline_wait_seconds()
+  double pipeline_wait_seconds_ = 0;          // since take_stage_wait_seconds()
+  // Inside a pipeline pass with fsdp > 1: the stage's units stay gathered from their first forward to the pass's end
+  // and their gradients accumulate in the parameters' .grad over the micro-batches, reduce-scattered once when it
+  // ends (instead of gathering and reducing each unit once per micro-batch).
+  bool per_pass_ = false;
   // Every parameter of the whole model in unit order, the same on every device: where its pieces are (the unit and
   // member; an expert's member is the one at the same place among the local experts of its holder, who has
   // expert coordinate `expert_holder`, 0 for the other parameters).

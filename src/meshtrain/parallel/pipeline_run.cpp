@@ -71,6 +71,8 @@ double ParallelModel::run_pipeline(const at::Tensor& tokens_BT, const at::Tensor
         fmt::format("{} of micro-batch {} to stage {}", forward ? "activations" : "activation gradients", m, peer)));
   };
 
+  // FSDP inside the stage: each unit gathered once and its gradient reduced once per pass (parallel_model.hpp).
+  per_pass_ = fsdp_comm_.size() > 1;
   std::vector<at::Tensor> inputs_BTD(microbatches);  // a received micro-batch's activations, kept for its backward
   std::vector<at::Tensor> outputs(microbatches);     // what its backward starts from: the output, or the scaled loss
   std::optional<Receive> next_receive;               // posted one action ahead
@@ -123,6 +125,26 @@ double ParallelModel::run_pipeline(const at::Tensor& tokens_BT, const at::Tensor
     }
   }
   for (runtime::PendingCollective& pending : sends) waited(pending);
+  if (per_pass_) {
+    // The stage's layers (last first) and final norm: their gradients summed over the pass, reduce-scattered now, one
+    // in flight while the next is started (the embedding's and the head's were reduced with each micro-batch).
+    std::vector<FsdpUnit*> reduced;
+    if (last_stage) reduced.push_back(final_norm_.get());
+    for (int64_t i = layers.end - 1; i >= layers.first; --i) {
+      if (!expert_units_.empty()) reduced.push_back(expert_units_[i].get());
+      reduced.push_back(layers_[i].get());
+    }
+    FsdpUnit* in_flight = nullptr;
+    for (FsdpUnit* unit : reduced) {
+      if (training) unit->start_reducing_gradients();
+      if (in_flight) in_flight->finish_reducing_gradients();
+      in_flight = training ? unit : nullptr;
+    }
+    if (in_flight) in_flight->finish_reducing_gradients();
+    for (size_t u = 0; u < num_units(); ++u)
+      if (holds(u)) unit(u).free_full();
+    per_pass_ = false;
+  }
   return loss_sum;
 }
 

@@ -55,6 +55,7 @@ struct StagePart {
   bool embedding = true, head = true;  // the first stage's, the last stage's
   int64_t microbatches = 1;            // of a pass
   int64_t in_flight = 1;               // of them, whose activations are kept at once
+  bool pipelined = false;              // a pipeline stage: its units gathered once per pass (pipeline_run.cpp)
 };
 
 DeviceMemory plan_stage(const settings::Settings& settings, const MemoryLayout& layout, const StagePart& part) {
@@ -110,7 +111,9 @@ DeviceMemory plan_stage(const settings::Settings& settings, const MemoryLayout& 
                                                               : 2 * 4 * layer / on_host;
     const int64_t layer_phase = (4 + 4 + 4 + 2 * staging) * layer + reduce_in_flight;
     d.gathered = std::max(part.head ? head_phase : 0, layer_phase);
-    if (!settings.parallel.reshard_after_forward)
+    if (part.pipelined)  // the stage's layers and their gradients whole through the pass, reduced when it ends
+      d.gathered = (part.head ? head_phase : 0) + (4 + 4 + staging) * L * layer + reduce_in_flight;
+    else if (!settings.parallel.reshard_after_forward)
       d.gathered += 4 * L * layer + (m.tie_word_embeddings || !part.embedding ? 0 : 4 * V * D);
   } else {
     // The parameters are the shards; autograd's gradient of one layer before it is added to the shard, and with
@@ -171,6 +174,7 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   const int stages = static_cast<int>(layout.stage_layers.size());
   for (int s = 0; s < stages; ++s) {
     StagePart part{layout.stage_layers[s], s == 0, s == stages - 1, layout.pipeline_microbatches};
+    part.pipelined = true;
     part.in_flight =
         parallel::microbatches_in_flight(settings.pipeline.schedule, stages, s, layout.pipeline_microbatches);
     const DeviceMemory d = plan_stage(settings, layout, part);
