@@ -225,6 +225,33 @@ TEST(ParallelModelTest, PipelineWithContextMatchesOneDevice) {
   expect_parity(ici(1, 1, 1, 2, 1, 2, 2), true, false, false, 0, 40, true, 4, pipeline_of(k1f1b, 4));
 }
 
+TEST(ParallelModelTest, PipelineTransfersAreCountedAndNamedInTheFlightRecorder) {
+  // 2 stages, 2 micro-batches of 4 rows x 16 tokens x 32 hidden (fp32): stage 0 sends activations, stage 1 their
+  // gradients, each 2 x 2 KB; the recorder says which micro-batch went to or came from which stage.
+  std::mutex mutex;
+  expect_no_failures(run_on_all_devices(ici(1, 1, 1, 2, 1, 1, 2), [&](runtime::DeviceContext& ctx) {
+    ParallelOptions options;
+    options.pipeline = pipeline_of(k1f1b, 2);
+    options.block_size = kSeq;
+    ParallelModel pm = sharded_model(ctx, options, false, false, 40, 4);
+    const at::Tensor t = tokens_BT();
+    pm.forward_backward(t.narrow(1, 0, kSeq), t.narrow(1, 1, kSeq), {}, 1.0);
+    const runtime::CollectiveCounters& counters = ctx.counters();
+    std::string recent;
+    for (const std::string& line : counters.recent_lines()) recent += line + "\n";
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_EQ(counters.bytes(runtime::Collective::stage_transfer), 2 * (kRows / 2) * kSeq * 32 * 4) << recent;
+    EXPECT_NE(recent.find(pm.stage() == 0 ? "pipeline: activations of micro-batch 1 to stage 1"
+                                          : "pipeline: activation gradients of micro-batch 1 to stage 0"),
+              std::string::npos)
+        << recent;
+    EXPECT_NE(recent.find(pm.stage() == 0 ? "pipeline: activation gradients of micro-batch 1 from stage 1"
+                                          : "pipeline: activations of micro-batch 1 from stage 0"),
+              std::string::npos)
+        << recent;
+  }));
+}
+
 TEST(ParallelModelTest, PipelineRefusesTiedEmbeddingsAndMixtral) {
   for (bool moe : {false, true}) {
     const std::vector<std::string> failures = run_on_all_devices(ici(1, 1, 1, 1, 1, 1, 2), [&](runtime::DeviceContext& ctx) {

@@ -7,6 +7,7 @@ here with the standard library (zlib and the PNG row filters) and must show each
 loss line, the eval-loss points and the compute bars, so the file is a picture a browser draws, not only a file that
 exists. `meshtrain plot` redraws the same file; a directory without metrics.jsonl is an error naming it.
 """
+import json
 import os
 import shutil
 import struct
@@ -20,6 +21,7 @@ from training_runs import BINARY, train
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # plots/metrics_svg.cpp's colours.
 LOSS, EVAL, COMPUTE = (0x1F, 0x77, 0xB4), (0xD6, 0x27, 0x28), (0x2C, 0xA0, 0x2C)
+BUBBLE = (0x94, 0x67, 0xBD)
 
 
 def decode_png(path):
@@ -108,6 +110,23 @@ class PlotTest(unittest.TestCase):
         result = subprocess.run([BINARY, "plot", empty], capture_output=True, text=True, timeout=60)
         self.assertEqual(result.returncode, 2)
         self.assertIn(os.path.join(empty, "metrics.jsonl"), result.stderr)
+
+    def test_a_pipeline_runs_bubble_is_drawn_out_of_its_communication(self):
+        # A pipeline run's lines (docs/training.md): device 0's wait for the other stages, stage 0 first.
+        run = os.path.join(self.tmp.name, "pipeline")
+        os.makedirs(run)
+        with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+            for step in range(1, 7):
+                f.write(json.dumps({"step": step, "loss": 5.0 - 0.1 * step, "compute_s": 0.5, "comm_s": 0.3,
+                                    "data_wait_s": 0.01, "pipeline_bubble_s": [0.2, 0.1],
+                                    "pipeline_bubble_fraction": 0.19}) + "\n")
+        result = subprocess.run([BINARY, "plot", run], capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        svg = os.path.join(run, "metrics.svg")
+        self.assertIn("pipeline bubble (stage 0)", open(svg).read())
+        _, _, rows = self.render(svg)
+        self.assertGreater(count_near(rows, BUBBLE), 100, "no bubble bars")
+        self.assertGreater(count_near(rows, COMPUTE), 100, "no compute bars")
 
 
 if __name__ == "__main__":
