@@ -66,6 +66,8 @@
 # MODEL=llama-100m takes an hour.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/bench_common.sh
+source "$root/bench/bench_common.sh"
 build=${1:-$root/build}
 [[ -d $build ]] && build=$(cd "$build" && pwd)  # absolute: the runs start from the repository root
 quick=${QUICK:-0}
@@ -130,14 +132,7 @@ else
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fi
 
-load1() { cut -d' ' -f1 /proc/loadavg; }
-if [[ -n $max_load ]]; then
-  waited=0
-  while awk -v l="$(load1)" -v m="$max_load" 'BEGIN{exit !(l >= m)}' && (( waited < load_wait )); do
-    echo "== load average $(load1) >= $max_load; waiting (${waited}s of at most ${load_wait}s)" >&2
-    sleep 30; waited=$((waited + 30))
-  done
-fi
+wait_for_load_below "$max_load" "$load_wait"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "== load average before: $load_before" >&2
 cd "$root"

@@ -42,6 +42,8 @@
 # Namespaces (ppb<pid>a/b), the veth pair and every host process started here are removed on exit, whatever happens.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/bench_common.sh
+source "$root/bench/bench_common.sh"
 build=${1:-$root/build}
 [[ -d $build ]] && build=$(cd "$build" && pwd)
 meshtrain=$build/meshtrain
@@ -153,14 +155,7 @@ link_measured=$(ip netns exec "${ns[0]}" python3 -c "$probe" client "${addr[1]}"
 wait "${pids[-1]}" || true
 unset 'pids[-1]'
 
-load1() { cut -d' ' -f1 /proc/loadavg; }
-if [[ -n $max_load ]]; then
-  waited=0
-  while awk -v l="$(load1)" -v m="$max_load" 'BEGIN{exit !(l >= m)}' && (( waited < load_wait )); do
-    echo "== load average $(load1) >= $max_load; waiting (${waited}s of at most ${load_wait}s)" >&2
-    sleep 30; waited=$((waited + 30))
-  done
-fi
+wait_for_load_below "$max_load" "$load_wait"
 
 cd "$root"
 cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)

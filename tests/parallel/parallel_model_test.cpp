@@ -187,11 +187,12 @@ mesh::Mesh ici(int data, int fsdp, int tensor, int hosts = 1, int expert = 1, in
 }
 
 settings::PipelineSettings pipeline_of(settings::PipelineSchedule schedule, int64_t microbatches,
-                                       std::vector<int64_t> layers_per_stage = {}) {
+                                       std::vector<int64_t> layers_per_stage = {}, int virtual_stages = 1) {
   settings::PipelineSettings p;
   p.schedule = schedule;
   p.microbatches = microbatches;
   p.layers_per_stage = std::move(layers_per_stage);
+  p.virtual_stages = virtual_stages;
   return p;
 }
 constexpr auto kGpipe = settings::PipelineSchedule::gpipe;
@@ -223,6 +224,14 @@ TEST(ParallelModelTest, PipelineWithDataAccumulationAndCheckpointingMatchesOneDe
 }
 TEST(ParallelModelTest, PipelineWithContextMatchesOneDevice) {
   expect_parity(ici(1, 1, 1, 2, 1, 2, 2), true, false, false, 0, 40, true, 4, pipeline_of(k1f1b, 4));
+}
+
+TEST(ParallelModelTest, PipelineInterleavedOverVirtualStagesMatchesOneDevice) {
+  // 2 ranks x 2 virtual stages of 1 layer; then 3 virtual stages with fsdp inside and GPipe, over 2 simulated hosts.
+  expect_parity(ici(1, 1, 1, 1, 1, 1, 2), true, false, false, 0, 40, false, 4, pipeline_of(k1f1b, 4, {}, 2));
+  expect_parity(ici(1, 2, 1, 2, 1, 1, 2), true, false, false, 0, 40, true, 6, pipeline_of(kGpipe, 2, {}, 3));
+  expect_parity(ici(1, 2, 1, 2, 1, 1, 2), false, false, false, 1, 40, false, 5, pipeline_of(k1f1b, 2, {1, 1, 2, 1}, 2),
+                2);
 }
 
 TEST(ParallelModelTest, PipelineTransfersAreCountedAndNamedInTheFlightRecorder) {

@@ -3,6 +3,7 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/parallel/pipeline_schedule.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,17 +66,50 @@ TEST(PipelineScheduleTest, LayoutsThatDoNotFitAreRefusedWithAValueThatDoes) {
 TEST(PipelineScheduleTest, EveryMicroBatchRunsForwardThenBackwardOnEveryStage) {
   for (PipelineSchedule schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b})
     for (int stages : {1, 2, 4})
-      for (int64_t microbatches : {1, 3, 8})
-        for (int stage = 0; stage < stages; ++stage) {
-          const std::vector<StageAction> actions = stage_actions(schedule, stages, stage, microbatches);
-          ASSERT_EQ(actions.size(), static_cast<size_t>(2 * microbatches));
-          for (int64_t m = 0; m < microbatches; ++m) {
-            const auto forward = std::find(actions.begin(), actions.end(), StageAction{Kind::forward, m});
-            const auto backward = std::find(actions.begin(), actions.end(), StageAction{Kind::backward, m});
-            ASSERT_TRUE(forward != actions.end() && backward != actions.end());
-            EXPECT_LT(forward - actions.begin(), backward - actions.begin());
+      for (int virtual_stages : {1, 2, 3})
+        for (int64_t microbatches : {1, 3, 8}) {
+          if (virtual_stages > 1 && microbatches % stages != 0) continue;  // refused (pipeline_microbatches)
+          for (int stage = 0; stage < stages; ++stage) {
+            const std::vector<StageAction> actions =
+                stage_actions(schedule, stages, stage, microbatches, virtual_stages);
+            ASSERT_EQ(actions.size(), static_cast<size_t>(2 * microbatches * virtual_stages));
+            for (int64_t m = 0; m < microbatches; ++m)
+              for (int v = 0; v < virtual_stages; ++v) {
+                const auto forward = std::find(actions.begin(), actions.end(), StageAction{Kind::forward, m, v});
+                const auto backward = std::find(actions.begin(), actions.end(), StageAction{Kind::backward, m, v});
+                ASSERT_TRUE(forward != actions.end() && backward != actions.end());
+                EXPECT_LT(forward - actions.begin(), backward - actions.begin());
+              }
           }
+          // The simulation ends (no stage waits for a pass that never comes) with every stage busy 3 M V slots.
+          EXPECT_NE(schedule_timeline(schedule, stages, microbatches, virtual_stages)
+                        .find(fmt::format("each stage busy {} ", 3 * microbatches * virtual_stages)),
+                    std::string::npos);
         }
+}
+
+TEST(PipelineScheduleTest, VirtualStagesInterleaveAndShrinkTheBubble) {
+  // 2 ranks x 2 virtual stages, 4 micro-batches: rank 0 holds stages 0 and 2; micro-batches go in groups of 2.
+  const std::vector<StageAction> rank0 = stage_actions(PipelineSchedule::one_f_one_b, 2, 0, 4, 2);
+  EXPECT_EQ(rank0[0], (StageAction{Kind::forward, 0, 0}));
+  EXPECT_EQ(rank0[1], (StageAction{Kind::forward, 1, 0}));
+  EXPECT_EQ(rank0[2], (StageAction{Kind::forward, 0, 1}));
+  EXPECT_EQ(rank0[3], (StageAction{Kind::forward, 1, 1}));
+  EXPECT_EQ(rank0[5], (StageAction{Kind::backward, 0, 1}));  // the last stage's backward comes first
+  EXPECT_DOUBLE_EQ(ideal_bubble_fraction(2, 4, 2), 1.0 / 9.0);
+  const std::string timeline = schedule_timeline(PipelineSchedule::one_f_one_b, 2, 4, 2);
+  EXPECT_NE(timeline.find("stage 0 | F0.0 F1.0 F0.1 F1.1"), std::string::npos) << timeline;
+  EXPECT_NE(timeline.find("bubble 11.1% of the pass (ideal (S-1)/(VM+S-1) = 11.1%)"), std::string::npos) << timeline;
+  EXPECT_EQ(counts(split_layers(8, 2, 1.0, 0.0, {}, 2)), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(describe_stages(split_layers(4, 2, 1.0, 0.0, {}, 2), 2),
+            "stage 0 (rank 0): embedding, layer 0; stage 1 (rank 1): layer 1; stage 2 (rank 0): layer 2; "
+            "stage 3 (rank 1): layer 3, final norm, head and loss");
+  const std::string microbatches = user_error_of([] { pipeline_microbatches(3, 6, 2, 2); });
+  EXPECT_NE(microbatches.find("be a multiple of pipeline=2"), std::string::npos) << microbatches;
+  EXPECT_NE(microbatches.find("use one of 2, 6"), std::string::npos) << microbatches;
+  const std::string too_many = user_error_of([] { split_layers(4, 2, 1.0, 0.0, {}, 3); });
+  EXPECT_NE(too_many.find("pipeline=2 x pipeline.virtual_stages=3 splits the model into 6 stages"),
+            std::string::npos) << too_many;
 }
 
 TEST(PipelineScheduleTest, OneFOneBKeepsAtMostTheStagesAheadInFlight) {

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import unittest
 
-from training_runs import BINARY, train as train_on
+from training_runs import BINARY, read_records, train as train_on
 
 STEPS, SAVE = 10, 5
 TOLERANCE = 1e-4
@@ -32,11 +32,6 @@ LAYOUTS = {
     "dcn context=2 x ici fsdp=2": (2, 2, ["ici_mesh.fsdp=2", "dcn_mesh.context=2"]),
     "dcn context=2 x ici tensor=2": (2, 2, ["ici_mesh.fsdp=1", "ici_mesh.tensor=2", "dcn_mesh.context=2"]),
 }
-
-
-def metrics(output_dir):
-    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
 
 
 def prepare_short_documents(folder):
@@ -71,7 +66,7 @@ class ContextParityTest(unittest.TestCase):
         for documents in ("false", "true"):
             out = os.path.join(cls.tmp.name, f"one_{documents}")
             train(out, 1, 1, [f"max_steps={STEPS}", "ici_mesh.fsdp=1", f"data.document_mask={documents}"])
-            cls.reference[documents] = metrics(out)
+            cls.reference[documents] = read_records(out)
 
     @classmethod
     def tearDownClass(cls):
@@ -82,7 +77,7 @@ class ContextParityTest(unittest.TestCase):
         out = os.path.join(self.tmp.name, f"{name}_{documents}".replace(" ", "_").replace("=", ""))
         _, per_host, output = train(out, hosts, devices, [f"max_steps={STEPS}", f"data.document_mask={documents}",
                                                           *overrides, *extra])
-        got, want = metrics(out), self.reference[documents]
+        got, want = read_records(out), self.reference[documents]
         self.assertEqual(sorted(got), sorted(want), name)
         for step, record in want.items():
             for key in ("loss", "grad_norm"):

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import unittest
 
-from training_runs import train
+from training_runs import read_records, train
 
 STEPS = 12
 MOE = ["model=mixtral-tiny"]
@@ -27,18 +27,13 @@ LAYOUTS = {
 }
 
 
-def records(output_dir):
-    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
-
-
 class MixtureOfExpertsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         out = os.path.join(cls.tmp.name, "one")
         cls.reference, _, cls.reference_output = train(out, 1, 1, [*MOE, f"max_steps={STEPS}", "ici_mesh.fsdp=1"])
-        cls.reference_records = records(out)
+        cls.reference_records = read_records(out)
 
     @classmethod
     def tearDownClass(cls):
@@ -72,7 +67,7 @@ class MixtureOfExpertsTest(unittest.TestCase):
         hosts, devices, overrides = LAYOUTS[name]
         out = os.path.join(self.tmp.name, name.replace(" ", "_").replace("=", ""))
         _, per_host, output = train(out, hosts, devices, [*MOE, f"max_steps={STEPS}", *overrides])
-        got = records(out)
+        got = read_records(out)
         self.assertEqual(sorted(got), list(range(1, STEPS + 1)))
         self.assert_same_run(name, got, self.reference_records, range(1, STEPS + 1))
         self.assertEqual(sorted(per_host), list(range(hosts)), f"{name}: every host logs its loss\n{output[-3000:]}")
@@ -122,13 +117,13 @@ class MixtureOfExpertsTest(unittest.TestCase):
             shutil.copytree(step6, os.path.join(out, "checkpoints", "step-000006"))
             _, _, output = train(out, hosts, devices, [*MOE, f"max_steps={STEPS}", *mesh])
             self.assertIn("Resuming from", output)
-            self.assert_same_run(f"resumed on {name}", records(out), self.reference_records, range(7, STEPS + 1))
+            self.assert_same_run(f"resumed on {name}", read_records(out), self.reference_records, range(7, STEPS + 1))
 
     def test_capacity_factor_drops_and_reports(self):
         out = os.path.join(self.tmp.name, "capacity")
         _, _, output = train(out, 1, 2, [*MOE, "max_steps=3", "ici_mesh.expert=2", "ici_mesh.fsdp=1",
                                          "moe.capacity_factor=0.75"])
-        for r in records(out).values():
+        for r in read_records(out).values():
             self.assertGreater(r["dropped_fraction"], 0.1)
             self.assertLess(r["dropped_fraction"], 0.5)
         self.assertIn("dropped: ", output)

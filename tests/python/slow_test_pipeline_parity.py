@@ -4,20 +4,20 @@
 One device trains llama-tiny with 4 decoder layers (model.num_hidden_layers=4) for 10 steps (fp32, same seed and
 data); then each layout runs as real host processes over loopback with the layers split into stages over `pipeline`:
 pipeline=2 over DCN with GPipe and with 1F1B, pipeline=4 (ici x dcn), pipeline over DCN with fsdp=2 inside each stage
-(with gradient accumulation and activation checkpointing), pipeline over DCN with tensor=2 inside. Each step's loss and
+(with gradient accumulation and activation checkpointing), pipeline over DCN with tensor=2 inside, and the interleaved
+1F1B over 2 virtual stages per rank with fsdp=2 inside. Each step's loss and
 grad norm must equal the single device's up to floating-point reordering (1e-4 relative: a gradient not sent back or
 sent to the wrong micro-batch is off by far more from the first step), every host must print the same loss, and the
 activations are counted on their own (`comm_bytes.stage_transfer`) with each stage's bubble in metrics.jsonl. A
 checkpoint saved at step 5 on pipeline=2 resumes on one device and on fsdp=4 and continues the same losses; a device
 that throws inside a stage ends every host with the reason; layouts that do not fit are refused naming the key.
 """
-import json
 import os
 import shutil
 import tempfile
 import unittest
 
-from training_runs import train
+from training_runs import read_records, train
 
 STEPS, SAVE = 10, 5
 TOLERANCE = 1e-4
@@ -31,12 +31,9 @@ LAYOUTS = {
     "dcn pipeline=2 x ici fsdp=2": (2, 2, ["ici_mesh.fsdp=2", "dcn_mesh.pipeline=2", "gradient_accumulation_steps=2",
                                            "activation_checkpointing=full", "pipeline.microbatches=2"]),
     "dcn pipeline=2 x ici tensor=2": (2, 2, ["ici_mesh.fsdp=1", "ici_mesh.tensor=2", "dcn_mesh.pipeline=2"]),
+    "dcn pipeline=2 interleaved x ici fsdp=2": (2, 2, ["ici_mesh.fsdp=2", "dcn_mesh.pipeline=2",
+                                                       "pipeline.virtual_stages=2", "pipeline.microbatches=4"]),
 }
-
-
-def metrics(output_dir):
-    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
 
 
 class PipelineParityTest(unittest.TestCase):
@@ -45,7 +42,7 @@ class PipelineParityTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         out = os.path.join(cls.tmp.name, "one")
         train(out, 1, 1, [*MODEL, f"max_steps={STEPS}", "ici_mesh.fsdp=1"])
-        cls.reference = metrics(out)
+        cls.reference = read_records(out)
 
     @classmethod
     def tearDownClass(cls):
@@ -55,7 +52,7 @@ class PipelineParityTest(unittest.TestCase):
         hosts, devices, overrides = LAYOUTS[name]
         out = os.path.join(self.tmp.name, name.replace(" ", "_").replace("=", ""))
         _, per_host, output = train(out, hosts, devices, [*MODEL, f"max_steps={STEPS}", *overrides])
-        got = metrics(out)
+        got = read_records(out)
         self.assertEqual(sorted(got), sorted(self.reference), name)
         for step, record in self.reference.items():
             for key in ("loss", "grad_norm"):
@@ -88,6 +85,10 @@ class PipelineParityTest(unittest.TestCase):
 
     def test_dcn_pipeline2_ici_tensor2(self):
         self.check_layout("dcn pipeline=2 x ici tensor=2")
+
+    def test_dcn_pipeline2_interleaved_ici_fsdp2(self):
+        output = self.check_layout("dcn pipeline=2 interleaved x ici fsdp=2")
+        self.assertIn("Pipeline: 4 stages on 2 ranks (2 virtual stages each)", output)
 
     def test_checkpoint_from_pipeline2_resumes_on_one_device_and_on_fsdp4(self):
         saving = [*MODEL, "ici_mesh.fsdp=1", "dcn_mesh.pipeline=2", f"max_steps={STEPS}",

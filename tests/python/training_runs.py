@@ -30,6 +30,12 @@ def train(output_dir, hosts, devices_per_host, overrides, timeout=300, expect_fa
     return read_losses(output_dir), host_losses(output), output
 
 
+def read_records(output_dir):
+    """{step: its metrics.jsonl record} of the training lines (not the evaluations')."""
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+
+
 def read_losses(output_dir):
     losses = {}
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:

@@ -228,7 +228,7 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
       loss_comm_(ctx.over(roles_.loss_axes())),
       stage_(ctx.info().coords[static_cast<int>(mesh::Axis::pipeline)]),
       stage_layers_(split_layers(model_->config(), options.block_size, ctx.mesh().size(mesh::Axis::pipeline),
-                                 options.pipeline.layers_per_stage)) {
+                                 options.pipeline.layers_per_stage, options.pipeline.virtual_stages)) {
   if (roles_.context_split()) {
     context_ = std::make_unique<ContextParallel>(ctx.over(mesh::Axis::context));
     model_->set_context_exchange(context_.get());
@@ -306,11 +306,18 @@ int ParallelModel::stage_of_unit(size_t u) const {
   const size_t num_layers = static_cast<size_t>(config.num_hidden_layers);
   const size_t dense_units = num_layers + (config.tie_word_embeddings ? 2 : 3);
   if (u == 0) return 0;
-  if (u > num_layers && u < dense_units) return static_cast<int>(stage_layers_.size()) - 1;
-  const int64_t layer = static_cast<int64_t>(u <= num_layers ? u - 1 : u - dense_units);
+  if (u > num_layers && u < dense_units) return rank_of_stage(stage_layers_.size() - 1);
+  return rank_of_layer(static_cast<int64_t>(u <= num_layers ? u - 1 : u - dense_units));
+}
+
+int ParallelModel::rank_of_stage(size_t stage) const {
+  return static_cast<int>(stage % static_cast<size_t>(ctx_.mesh().size(mesh::Axis::pipeline)));
+}
+
+int ParallelModel::rank_of_layer(int64_t layer) const {
   for (size_t s = 0; s < stage_layers_.size(); ++s)
-    if (layer < stage_layers_[s].end) return static_cast<int>(s);
-  MT_CHECK(false, "unit {} is past the model's {} units", u, num_units());
+    if (layer < stage_layers_[s].end) return rank_of_stage(s);
+  MT_CHECK(false, "layer {} is past the model's {} layers", layer, stage_layers_.back().end);
 }
 
 bool ParallelModel::resharding() const { return options_.reshard_after_forward && fsdp_comm_.size() > 1; }
@@ -320,8 +327,8 @@ at::Tensor ParallelModel::run_layer(int64_t index, model::LlamaDecoderLayer& lay
   // The layer's units: its own parameters, and a Mixtral's experts on this device.
   auto units_of = [this](int64_t i) {
     std::vector<FsdpUnit*> units;
-    const StageLayers& here = stage_layers_[stage_];
-    if (i < here.first || i >= here.end) return units;  // another stage's layer, or none
+    // None past the ends, nor another pipeline rank's.
+    if (i < 0 || i >= static_cast<int64_t>(layers_.size()) || rank_of_layer(i) != stage_) return units;
     units.push_back(layers_[i].get());
     if (!expert_units_.empty()) units.push_back(expert_units_[i].get());
     return units;
@@ -454,7 +461,9 @@ std::vector<double> ParallelModel::take_stage_wait_seconds() {
 void ParallelModel::finish_backward() {
   if (reducing_) reducing_->finish_reducing_gradients();
   reducing_ = nullptr;
-  if (holds(0)) reduce_embedding_gradient();
+  // (With virtual stages, the backwards of the first rank's later stages have no lookup: every member of its fsdp
+  // group runs the same schedule, so they skip alike.)
+  if (holds(0) && !lookup_gradients_.empty()) reduce_embedding_gradient();
 }
 
 void ParallelModel::reduce_embedding_gradient() {

@@ -80,7 +80,8 @@ class ParallelModel {
   // The devices whose loss sums add up to the global batch's (mesh::MeshRoles::loss_axes: batch_comm() and, with a
   // pipeline, its stages).
   runtime::Comm& loss_comm() { return loss_comm_; }
-  // Pipeline parallelism: this device's stage, every stage's layers (one stage of every layer without a pipeline),
+  // Pipeline parallelism: this device's pipeline rank, every stage's layers (one stage of every layer without a
+  // pipeline; with virtual stages, stage s on rank s mod pipeline),
   // and, stage by stage, the seconds the devices of this one's pipeline group waited for a neighbouring stage
   // (activations, gradients, sends to complete) since the last call: the bubble. Collective over pipeline; empty
   // without a pipeline.
@@ -139,7 +140,10 @@ class ParallelModel {
   // (last stage) or 0.
   double run_pipeline(const at::Tensor& tokens_BT, const at::Tensor& targets_BT, const at::Tensor& documents_BT,
                       std::optional<double> loss_scale);
+  // The pipeline rank that holds unit u, stage s of stage_layers_ (with virtual stages s mod pipeline), a layer.
   int stage_of_unit(size_t u) const;
+  int rank_of_stage(size_t stage) const;
+  int rank_of_layer(int64_t layer) const;
   bool holds(size_t u) const { return stage_of_unit(u) == stage_; }
 
   at::Tensor run_layer(int64_t index, model::LlamaDecoderLayer& layer, const at::Tensor& x_BTD,
@@ -162,8 +166,8 @@ class ParallelModel {
   runtime::Comm& pipeline_comm_;
   runtime::Comm& loss_comm_;
   std::unique_ptr<ContextParallel> context_;  // context > 1: the model's ContextExchange
-  int stage_ = 0;                             // this device's pipeline coordinate
-  std::vector<StageLayers> stage_layers_;     // of every stage
+  int stage_ = 0;                             // this device's pipeline coordinate (its rank in pipeline_comm_)
+  std::vector<StageLayers> stage_layers_;     // of every stage (pipeline x virtual_stages of them)
   double pipeline_wait_seconds_ = 0;          // since take_stage_wait_seconds()
   // Inside a pipeline pass with fsdp > 1: the stage's units stay gathered from their first forward to the pass's end
   // and their gradients accumulate in the parameters' .grad over the micro-batches, reduce-scattered once when it

@@ -21,10 +21,11 @@ double ParallelModel::run_pipeline(const at::Tensor& tokens_BT, const at::Tensor
                                    const at::Tensor& documents_BT, std::optional<double> loss_scale) {
   using Kind = StageAction::Kind;
   using Clock = std::chrono::steady_clock;
-  const int stages = pipeline_comm_.size();
-  const bool first_stage = stage_ == 0, last_stage = stage_ == stages - 1, training = loss_scale.has_value();
-  const StageLayers& layers = stage_layers_[stage_];
-  const int64_t microbatches = pipeline_microbatches(options_.pipeline.microbatches, tokens_BT.size(0));
+  const int ranks = pipeline_comm_.size(), chunks = options_.pipeline.virtual_stages;
+  const int last = static_cast<int>(stage_layers_.size()) - 1;  // the last stage (of every rank's chunks)
+  const bool training = loss_scale.has_value();
+  const int64_t microbatches =
+      pipeline_microbatches(options_.pipeline.microbatches, tokens_BT.size(0), ranks, chunks);
   const std::vector<at::Tensor> tokens = tokens_BT.chunk(microbatches, 0), targets = targets_BT.chunk(microbatches, 0);
   const std::vector<at::Tensor> documents =
       documents_BT.defined() ? documents_BT.chunk(microbatches, 0) : std::vector<at::Tensor>(microbatches);
@@ -33,53 +34,64 @@ double ParallelModel::run_pipeline(const at::Tensor& tokens_BT, const at::Tensor
                                           model_->config().hidden_size};
   std::vector<StageAction> actions;
   if (training) {
-    actions = stage_actions(options_.pipeline.schedule, stages, stage_, microbatches);
-  } else {
-    for (int64_t m = 0; m < microbatches; ++m) actions.push_back({Kind::forward, m});
+    actions = stage_actions(options_.pipeline.schedule, ranks, stage_, microbatches, chunks);
+  } else {  // every forward, in the order the schedule would run them
+    for (const StageAction& a : stage_actions(settings::PipelineSchedule::gpipe, ranks, stage_, microbatches, chunks))
+      if (a.kind == Kind::forward) actions.push_back(a);
   }
-
-  auto tag_of = [](Kind kind, int64_t m) { return static_cast<int>(2 * m + (kind == Kind::backward ? 1 : 0)); };
+  // The stage of the whole pipeline an action runs (chunk v of this rank: v x ranks + rank).
+  auto stage_of = [&](const StageAction& a) { return a.chunk * ranks + stage_; };
+  // One tag per micro-batch, stage boundary and direction: the stage that receives, and whether it is a gradient.
+  auto tag_of = [&](Kind kind, int64_t m, int receiving_stage) {
+    return static_cast<int>((m * (last + 1) + receiving_stage) * 2 + (kind == Kind::backward ? 1 : 0));
+  };
   auto waited = [this](runtime::PendingCollective& pending) {
     const Clock::time_point start = Clock::now();
     pending.wait();
     pipeline_wait_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   };
   // A forward takes activations from the stage before (but on the first stage), a backward their gradient from the
-  // stage after (but on the last).
+  // stage after (but on the last); with virtual stages the stage before rank 0's chunk v is the last rank's chunk
+  // v - 1.
   struct Receive {
     StageAction action;
     at::Tensor buffer_BTD;
     runtime::PendingCollective pending;
   };
-  auto needs_receive = [&](const StageAction& a) { return a.kind == Kind::forward ? !first_stage : !last_stage; };
+  auto needs_receive = [&](const StageAction& a) {
+    return a.kind == Kind::forward ? stage_of(a) != 0 : stage_of(a) != last;
+  };
   auto start_receive = [&](const StageAction& a) {
     const bool forward = a.kind == Kind::forward;
-    const int peer = forward ? stage_ - 1 : stage_ + 1;
+    const int from_stage = stage_of(a) + (forward ? -1 : 1), peer = rank_of_stage(static_cast<size_t>(from_stage));
     at::Tensor buffer_BTD = at::empty(shape_BTD, model_->compute_dtype());
     runtime::PendingCollective pending = pipeline_comm_.exchange_async(
-        {}, {{peer, buffer_BTD}}, tag_of(a.kind, a.microbatch), runtime::Collective::stage_transfer,
+        {}, {{peer, buffer_BTD}}, tag_of(a.kind, a.microbatch, stage_of(a)), runtime::Collective::stage_transfer,
         fmt::format("{} of micro-batch {} from stage {}", forward ? "activations" : "activation gradients",
-                    a.microbatch, peer));
+                    a.microbatch, from_stage));
     return Receive{a, buffer_BTD, std::move(pending)};
   };
   std::deque<runtime::PendingCollective> sends;  // in flight, oldest first
-  auto send = [&](Kind kind, int64_t m, const at::Tensor& x_BTD) {
-    const bool forward = kind == Kind::forward;
-    const int peer = forward ? stage_ + 1 : stage_ - 1;
+  auto send = [&](const StageAction& a, const at::Tensor& x_BTD) {
+    const bool forward = a.kind == Kind::forward;
+    const int to_stage = stage_of(a) + (forward ? 1 : -1), peer = rank_of_stage(static_cast<size_t>(to_stage));
     sends.push_back(pipeline_comm_.exchange_async(
-        {{peer, x_BTD.contiguous()}}, {}, tag_of(kind, m), runtime::Collective::stage_transfer,
-        fmt::format("{} of micro-batch {} to stage {}", forward ? "activations" : "activation gradients", m, peer)));
+        {{peer, x_BTD.contiguous()}}, {}, tag_of(a.kind, a.microbatch, to_stage), runtime::Collective::stage_transfer,
+        fmt::format("{} of micro-batch {} to stage {}", forward ? "activations" : "activation gradients",
+                    a.microbatch, to_stage)));
   };
 
   // FSDP inside the stage: each unit gathered once and its gradient reduced once per pass (parallel_model.hpp).
   per_pass_ = fsdp_comm_.size() > 1;
-  std::vector<at::Tensor> inputs_BTD(microbatches);  // a received micro-batch's activations, kept for its backward
-  std::vector<at::Tensor> outputs(microbatches);     // what its backward starts from: the output, or the scaled loss
-  std::optional<Receive> next_receive;               // posted one action ahead
+  // Per micro-batch and chunk (m x chunks + v): the received activations, kept for the backward, and what the
+  // backward starts from (the output, or the scaled loss).
+  std::vector<at::Tensor> inputs_BTD(microbatches * chunks), outputs(microbatches * chunks);
+  std::optional<Receive> next_receive;  // posted one action ahead
   double loss_sum = 0;
   for (size_t k = 0; k < actions.size(); ++k) {
     const StageAction a = actions[k];
-    const int64_t m = a.microbatch;
+    const int64_t m = a.microbatch, item = m * chunks + a.chunk;
+    const int stage = stage_of(a);
     std::optional<Receive> received;
     if (needs_receive(a)) {
       received.emplace(next_receive ? std::move(*next_receive) : start_receive(a));
@@ -94,43 +106,45 @@ double ParallelModel::run_pipeline(const at::Tensor& tokens_BT, const at::Tensor
 
     if (a.kind == Kind::forward) {
       at::Tensor x_BTD;
-      if (first_stage) {
+      if (stage == 0) {
         x_BTD = embedded(tokens[m]);
       } else {
         waited(received->pending);
         x_BTD = received->buffer_BTD;
         if (training) x_BTD.requires_grad_(true);
-        inputs_BTD[m] = x_BTD;
+        inputs_BTD[item] = x_BTD;
       }
-      head_by_pieces_ = last_stage && head_by_pieces(tokens[m].numel());
+      head_by_pieces_ = stage == last && head_by_pieces(tokens[m].numel());
+      const StageLayers& layers = stage_layers_[stage];
       const at::Tensor y_BTD = model_->run_layers(x_BTD, documents[m], layers.first, layers.end);
-      if (last_stage) {
+      if (stage == last) {
         const at::Tensor loss = head_loss_sum(y_BTD, targets[m]);
         loss_sum += loss.item<double>();
-        if (training) outputs[m] = loss * *loss_scale;
+        if (training) outputs[item] = loss * *loss_scale;
       } else {
-        send(Kind::forward, m, y_BTD.detach());
-        if (training) outputs[m] = y_BTD;
+        send(a, y_BTD.detach());
+        if (training) outputs[item] = y_BTD;
       }
     } else {
-      if (last_stage) {
-        outputs[m].backward();
+      if (stage == last) {
+        outputs[item].backward();
       } else {
         waited(received->pending);
-        torch::autograd::backward({outputs[m]}, {received->buffer_BTD});
+        torch::autograd::backward({outputs[item]}, {received->buffer_BTD});
       }
       finish_backward();
-      if (!first_stage) send(Kind::backward, m, inputs_BTD[m].grad());
-      outputs[m] = inputs_BTD[m] = at::Tensor();
+      if (stage != 0) send(a, inputs_BTD[item].grad());
+      outputs[item] = inputs_BTD[item] = at::Tensor();
     }
   }
   for (runtime::PendingCollective& pending : sends) waited(pending);
   if (per_pass_) {
-    // The stage's layers (last first) and final norm: their gradients summed over the pass, reduce-scattered now, one
-    // in flight while the next is started (the embedding's and the head's were reduced with each micro-batch).
+    // This rank's layers (last first) and the final norm: their gradients summed over the pass, reduce-scattered now,
+    // one in flight while the next is started (the embedding's and the head's were reduced with each micro-batch).
     std::vector<FsdpUnit*> reduced;
-    if (last_stage) reduced.push_back(final_norm_.get());
-    for (int64_t i = layers.end - 1; i >= layers.first; --i) {
+    if (rank_of_stage(static_cast<size_t>(last)) == stage_) reduced.push_back(final_norm_.get());
+    for (int64_t i = static_cast<int64_t>(layers_.size()) - 1; i >= 0; --i) {
+      if (rank_of_layer(i) != stage_) continue;
       if (!expert_units_.empty()) reduced.push_back(expert_units_[i].get());
       reduced.push_back(layers_[i].get());
     }

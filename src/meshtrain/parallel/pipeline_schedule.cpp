@@ -57,17 +57,24 @@ std::vector<StageLayers> balanced_split(int64_t num_layers, int stages, double l
 }  // namespace
 
 std::vector<StageLayers> split_layers(int64_t num_layers, int stages, double layer_cost, double head_cost,
-                                      const std::vector<int64_t>& layers_per_stage) {
-  MT_USER_CHECK(stages >= 1 && stages <= num_layers,
-                "pipeline={} splits the model into {} stages, but it has {} decoder layers (model.num_hidden_layers): "
-                "use pipeline={} at most", stages, stages, num_layers, num_layers);
-  const std::vector<StageLayers> balanced = balanced_split(num_layers, stages, layer_cost, head_cost);
+                                      const std::vector<int64_t>& layers_per_stage, int virtual_stages) {
+  const int pieces = stages * virtual_stages;
+  const std::string layout = virtual_stages == 1 ? fmt::format("pipeline={}", stages)
+                                                 : fmt::format("pipeline={} x pipeline.virtual_stages={}", stages,
+                                                               virtual_stages);
+  MT_USER_CHECK(pieces >= 1 && pieces <= num_layers,
+                "{} splits the model into {} stages, but it has {} decoder layers (model.num_hidden_layers): use {} at "
+                "most", layout, pieces, num_layers,
+                virtual_stages == 1 ? fmt::format("pipeline={}", num_layers)
+                                    : fmt::format("pipeline x pipeline.virtual_stages = {}", num_layers));
+  const std::vector<StageLayers> balanced = balanced_split(num_layers, pieces, layer_cost, head_cost);
   if (layers_per_stage.empty()) return balanced;
   const int64_t total = std::accumulate(layers_per_stage.begin(), layers_per_stage.end(), int64_t{0});
-  MT_USER_CHECK(static_cast<int>(layers_per_stage.size()) == stages && total == num_layers,
-                "pipeline.layers_per_stage gives {} stages with {} layers in all, but the mesh has pipeline={} and the "
-                "model {} decoder layers: give one count per stage summing to {} (e.g. \"{}\", the split balanced by "
-                "compute)", layers_per_stage.size(), total, stages, num_layers, num_layers, counts_text(balanced));
+  MT_USER_CHECK(static_cast<int>(layers_per_stage.size()) == pieces && total == num_layers,
+                "pipeline.layers_per_stage gives {} stages with {} layers in all, but the mesh has {} ({} stages) and "
+                "the model {} decoder layers: give one count per stage summing to {} (e.g. \"{}\", the split balanced "
+                "by compute)", layers_per_stage.size(), total, layout, pieces, num_layers, num_layers,
+                counts_text(balanced));
   std::vector<StageLayers> split;
   int64_t first = 0;
   for (int64_t count : layers_per_stage) {
@@ -78,14 +85,14 @@ std::vector<StageLayers> split_layers(int64_t num_layers, int stages, double lay
 }
 
 std::vector<StageLayers> split_layers(const config::LlamaConfig& model, int64_t block_size, int stages,
-                                      const std::vector<int64_t>& layers_per_stage) {
+                                      const std::vector<int64_t>& layers_per_stage, int virtual_stages) {
   const double head_cost = 6.0 * static_cast<double>(model.vocab_size * model.hidden_size);
   const double layer_cost = (model.training_flops_per_token(block_size) - head_cost) /
                             static_cast<double>(std::max<int64_t>(1, model.num_hidden_layers));
-  return split_layers(model.num_hidden_layers, stages, layer_cost, head_cost, layers_per_stage);
+  return split_layers(model.num_hidden_layers, stages, layer_cost, head_cost, layers_per_stage, virtual_stages);
 }
 
-std::string describe_stages(const std::vector<StageLayers>& stages) {
+std::string describe_stages(const std::vector<StageLayers>& stages, int ranks) {
   std::string out;
   for (size_t s = 0; s < stages.size(); ++s) {
     const StageLayers& layers = stages[s];
@@ -93,76 +100,102 @@ std::string describe_stages(const std::vector<StageLayers>& stages) {
                                           : fmt::format("layers {}-{}", layers.first, layers.end - 1);
     if (s == 0) held = "embedding, " + held;
     if (s + 1 == stages.size()) held += ", final norm, head and loss";
-    out += fmt::format("{}stage {}: {}", s == 0 ? "" : "; ", s, held);
+    const std::string rank =
+        ranks > 0 && static_cast<size_t>(ranks) < stages.size() ? fmt::format(" (rank {})", s % ranks) : "";
+    out += fmt::format("{}stage {}{}: {}", s == 0 ? "" : "; ", s, rank, held);
   }
   return out;
 }
 
-int64_t pipeline_microbatches(int64_t configured, int64_t rows) {
-  if (configured == 0) return rows;
-  if (rows % configured == 0) return configured;
-  std::string divisors;
+int64_t pipeline_microbatches(int64_t configured, int64_t rows, int stages, int virtual_stages) {
+  const int64_t group = virtual_stages > 1 ? stages : 1;  // the interleaved schedule's micro-batches go by `stages`
+  const int64_t microbatches = configured == 0 ? rows : configured;
+  if (rows % microbatches == 0 && microbatches % group == 0) return microbatches;
+  std::string fitting;
   for (int64_t d = 1; d <= rows; ++d)
-    if (rows % d == 0) divisors += fmt::format("{}{}", divisors.empty() ? "" : ", ", d);
-  throw UserError(fmt::format("pipeline.microbatches={} does not divide the {} rows of each forward/backward pass on a "
-                              "device (global_batch_size over the mesh's batch axes, then over "
-                              "gradient_accumulation_steps): use one of {} (or 0: one per row)",
-                              configured, rows, divisors));
+    if (rows % d == 0 && d % group == 0) fitting += fmt::format("{}{}", fitting.empty() ? "" : ", ", d);
+  const std::string rule = group == 1 ? "divide the " + std::to_string(rows) + " rows"
+                                      : fmt::format("divide the {} rows and be a multiple of pipeline={} (the "
+                                                    "interleaved schedule of pipeline.virtual_stages={} sends them "
+                                                    "around the ranks in groups of {})",
+                                                    rows, stages, virtual_stages, stages);
+  throw UserError(fmt::format("pipeline.microbatches={} does not {} of each forward/backward pass on a device "
+                              "(global_batch_size over the mesh's batch axes, then over gradient_accumulation_steps): "
+                              "use {}",
+                              configured == 0 ? fmt::format("0 (one per row: {})", rows) : std::to_string(configured),
+                              rule,
+                              fitting.empty() ? "more rows per device (a larger global_batch_size)"
+                                              : "one of " + fitting + (configured == 0 ? "" : " (0: one per row)")));
 }
 
 std::vector<StageAction> stage_actions(settings::PipelineSchedule schedule, int stages, int stage,
-                                       int64_t microbatches) {
-  MT_CHECK(stages >= 1 && stage >= 0 && stage < stages && microbatches >= 1, "stage {} of {}, {} micro-batches",
-           stage, stages, microbatches);
+                                       int64_t microbatches, int virtual_stages) {
+  MT_CHECK(stages >= 1 && stage >= 0 && stage < stages && microbatches >= 1 && virtual_stages >= 1,
+           "stage {} of {}, {} micro-batches, {} virtual stages", stage, stages, microbatches, virtual_stages);
   using Kind = StageAction::Kind;
+  const int64_t S = stages, V = virtual_stages, total = microbatches * V;
+  // The k-th forward and backward of the rank (Megatron's interleaved order; with V = 1, micro-batch k).
+  auto forward = [&](int64_t k) {
+    return StageAction{Kind::forward, (k / (S * V)) * S + k % S, static_cast<int>((k / S) % V)};
+  };
+  auto backward = [&](int64_t k) {
+    return StageAction{Kind::backward, (k / (S * V)) * S + k % S, static_cast<int>(V - 1 - (k / S) % V)};
+  };
   std::vector<StageAction> actions;
   if (schedule == settings::PipelineSchedule::gpipe) {
-    for (int64_t m = 0; m < microbatches; ++m) actions.push_back({Kind::forward, m});
-    for (int64_t m = 0; m < microbatches; ++m) actions.push_back({Kind::backward, m});
+    for (int64_t k = 0; k < total; ++k) actions.push_back(forward(k));
+    for (int64_t k = 0; k < total; ++k) actions.push_back(backward(k));
     return actions;
   }
-  const int64_t warmup = std::min<int64_t>(stages - 1 - stage, microbatches);
-  for (int64_t m = 0; m < warmup; ++m) actions.push_back({Kind::forward, m});
-  for (int64_t m = warmup; m < microbatches; ++m) {
-    actions.push_back({Kind::forward, m});
-    actions.push_back({Kind::backward, m - warmup});
+  const int64_t warmup = V == 1 ? std::min<int64_t>(S - 1 - stage, total)
+                                : std::min<int64_t>(2 * (S - 1 - stage) + (V - 1) * S, total);
+  for (int64_t k = 0; k < warmup; ++k) actions.push_back(forward(k));
+  for (int64_t k = warmup; k < total; ++k) {
+    actions.push_back(forward(k));
+    actions.push_back(backward(k - warmup));
   }
-  for (int64_t m = microbatches - warmup; m < microbatches; ++m) actions.push_back({Kind::backward, m});
+  for (int64_t k = total - warmup; k < total; ++k) actions.push_back(backward(k));
   return actions;
 }
 
-int64_t microbatches_in_flight(settings::PipelineSchedule schedule, int stages, int stage, int64_t microbatches) {
+int64_t microbatches_in_flight(settings::PipelineSchedule schedule, int stages, int stage, int64_t microbatches,
+                               int virtual_stages) {
   int64_t in_flight = 0, most = 0;
-  for (const StageAction& a : stage_actions(schedule, stages, stage, microbatches)) {
+  for (const StageAction& a : stage_actions(schedule, stages, stage, microbatches, virtual_stages)) {
     in_flight += a.kind == StageAction::Kind::forward ? 1 : -1;
     most = std::max(most, in_flight);
   }
   return most;
 }
 
-double ideal_bubble_fraction(int stages, int64_t microbatches) {
-  return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
+double ideal_bubble_fraction(int stages, int64_t microbatches, int virtual_stages) {
+  return static_cast<double>(stages - 1) / static_cast<double>(virtual_stages * microbatches + stages - 1);
 }
 
-std::string schedule_timeline(settings::PipelineSchedule schedule, int stages, int64_t microbatches) {
+std::string schedule_timeline(settings::PipelineSchedule schedule, int stages, int64_t microbatches,
+                              int virtual_stages) {
   using Kind = StageAction::Kind;
+  const int V = virtual_stages, pieces = stages * V;
   std::vector<std::vector<StageAction>> actions;
-  for (int s = 0; s < stages; ++s) actions.push_back(stage_actions(schedule, stages, s, microbatches));
-  // finished[kind][s][m]: the slot after which stage s finished that pass of micro-batch m (-1: not yet).
+  for (int s = 0; s < stages; ++s) actions.push_back(stage_actions(schedule, stages, s, microbatches, V));
+  // finished[kind][c][m]: the slot after which stage c (rank c mod stages) finished that pass of micro-batch m (-1:
+  // not yet).
   std::vector<std::vector<std::vector<int64_t>>> finished(
-      2, std::vector<std::vector<int64_t>>(stages, std::vector<int64_t>(microbatches, -1)));
+      2, std::vector<std::vector<int64_t>>(pieces, std::vector<int64_t>(microbatches, -1)));
   std::vector<size_t> next(stages, 0);
   std::vector<int64_t> busy_until(stages, 0);
   std::vector<std::vector<std::string>> cells(stages);
-  const int width = static_cast<int>(fmt::format("{}", microbatches - 1).size()) + 1;
+  const int width = static_cast<int>(fmt::format("{}", microbatches - 1).size()) + 1 +
+                    (V > 1 ? 1 + static_cast<int>(fmt::format("{}", V - 1).size()) : 0);
   int64_t slot = 0;
-  auto done = [&](Kind kind, int s, int64_t m) {
-    const int64_t at = finished[kind == Kind::forward ? 0 : 1][s][m];
+  auto done = [&](Kind kind, int c, int64_t m) {
+    const int64_t at = finished[kind == Kind::forward ? 0 : 1][c][m];
     return at >= 0 && at <= slot;
   };
   for (bool running = true; running; ++slot) {
-    MT_CHECK(slot <= 8 * (microbatches + stages) + 8, "the {} schedule of {} stages x {} micro-batches does not end",
-             schedule_name(schedule), stages, microbatches);
+    MT_CHECK(slot <= 8 * (V * microbatches + stages) + 8,
+             "the {} schedule of {} stages x {} micro-batches does not end", schedule_name(schedule), pieces,
+             microbatches);
     running = false;
     for (int s = 0; s < stages; ++s) {
       if (busy_until[s] > slot) {  // its cell was written when the pass started
@@ -175,18 +208,20 @@ std::string schedule_timeline(settings::PipelineSchedule schedule, int stages, i
       }
       running = true;
       const StageAction a = actions[s][next[s]];
-      const bool ready = a.kind == Kind::forward ? (s == 0 || done(Kind::forward, s - 1, a.microbatch))
-                                                 : (s == stages - 1 ? done(Kind::forward, s, a.microbatch)
-                                                                    : done(Kind::backward, s + 1, a.microbatch));
+      const int c = a.chunk * stages + s;
+      const bool ready = a.kind == Kind::forward ? (c == 0 || done(Kind::forward, c - 1, a.microbatch))
+                                                 : (c == pieces - 1 ? done(Kind::forward, c, a.microbatch)
+                                                                    : done(Kind::backward, c + 1, a.microbatch));
       if (!ready) {
         cells[s].push_back(std::string(width, '.'));
         continue;
       }
       const int64_t length = a.kind == Kind::forward ? 1 : 2;
-      const std::string cell = fmt::format("{}{:<{}}", a.kind == Kind::forward ? 'F' : 'B', a.microbatch, width - 1);
+      const std::string name = V > 1 ? fmt::format("{}.{}", a.microbatch, a.chunk) : fmt::format("{}", a.microbatch);
+      const std::string cell = fmt::format("{}{:<{}}", a.kind == Kind::forward ? 'F' : 'B', name, width - 1);
       for (int64_t k = 0; k < length; ++k) cells[s].push_back(cell);
       busy_until[s] = slot + length;
-      finished[a.kind == Kind::forward ? 0 : 1][s][a.microbatch] = slot + length;
+      finished[a.kind == Kind::forward ? 0 : 1][c][a.microbatch] = slot + length;
       ++next[s];
     }
   }
@@ -202,12 +237,13 @@ std::string schedule_timeline(settings::PipelineSchedule schedule, int stages, i
     for (const std::string& c : cells[s]) out += " " + c;
     out += "\n";
   }
-  const double busy = static_cast<double>(3 * microbatches);
-  out += fmt::format("{} with {} stages x {} micro-batches: {} slots, each stage busy {} (a forward 1 slot, a "
-                     "backward 2): bubble {:.1f}% of the pass (ideal (S-1)/(M+S-1) = {:.1f}%)",
-                     schedule_name(schedule), stages, microbatches, slots, 3 * microbatches,
-                     100.0 * (1.0 - busy / static_cast<double>(slots)),
-                     100.0 * ideal_bubble_fraction(stages, microbatches));
+  const int64_t busy = 3 * microbatches * V;
+  out += fmt::format("{} with {} stages x {}{} micro-batches: {} slots, each stage busy {} (a forward 1 slot, a "
+                     "backward 2): bubble {:.1f}% of the pass (ideal (S-1)/({}M+S-1) = {:.1f}%)",
+                     schedule_name(schedule), stages, V > 1 ? fmt::format("{} virtual stages x ", V) : "",
+                     microbatches, slots, busy,
+                     100.0 * (1.0 - static_cast<double>(busy) / static_cast<double>(slots)), V > 1 ? "V" : "",
+                     100.0 * ideal_bubble_fraction(stages, microbatches, V));
   return out;
 }
 
@@ -217,18 +253,19 @@ const char* schedule_name(settings::PipelineSchedule schedule) {
 
 std::vector<std::string> describe_pipeline(const settings::Settings& settings, const mesh::Mesh& mesh,
                                            int64_t pass_rows) {
-  const int stages = mesh.size(mesh::Axis::pipeline);
+  const int stages = mesh.size(mesh::Axis::pipeline), V = settings.pipeline.virtual_stages;
   if (stages == 1) return {};
-  const int64_t microbatches = pipeline_microbatches(settings.pipeline.microbatches, pass_rows);
+  const int64_t microbatches = pipeline_microbatches(settings.pipeline.microbatches, pass_rows, stages, V);
   const int64_t rows = pass_rows / microbatches, tokens = settings.block_size / mesh.size(mesh::Axis::context);
   std::vector<std::string> lines = {fmt::format(
-      "Pipeline: {} stages ({}); schedule {}, each pass of {} rows per device in {} micro-batches of {} row{}: "
+      "Pipeline: {} stages{} ({}); schedule {}, each pass of {} rows per device in {} micro-batches of {} row{}: "
       "activations [{}, {}, {}] {} sent to the next stage and their gradient back, per micro-batch",
-      stages,
-      describe_stages(split_layers(settings.model, settings.block_size, stages, settings.pipeline.layers_per_stage)),
+      stages * V, V > 1 ? fmt::format(" on {} ranks ({} virtual stages each)", stages, V) : "",
+      describe_stages(
+          split_layers(settings.model, settings.block_size, stages, settings.pipeline.layers_per_stage, V), stages),
       schedule_name(settings.pipeline.schedule), pass_rows, microbatches, rows, rows == 1 ? "" : "s", rows, tokens,
       settings.model.hidden_size, settings.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16" : "fp32")};
-  std::istringstream timeline(schedule_timeline(settings.pipeline.schedule, stages, microbatches));
+  std::istringstream timeline(schedule_timeline(settings.pipeline.schedule, stages, microbatches, V));
   for (std::string line; std::getline(timeline, line);) lines.push_back("Pipeline schedule: " + line);
   return lines;
 }

@@ -207,6 +207,9 @@ PipelineSettings read_pipeline(KeyReader& r) {
   p.microbatches = r.integer("pipeline.microbatches", kLayout);
   MT_USER_CHECK(p.microbatches >= 0, "pipeline.microbatches={}: expected 0 (one per row) or a positive count",
                 p.microbatches);
+  p.virtual_stages = r.integer32("pipeline.virtual_stages", kLayout);
+  MT_USER_CHECK(p.virtual_stages >= 1, "pipeline.virtual_stages={}: expected at least 1 (1: one stage per rank)",
+                p.virtual_stages);
   // "4,4,3,3": the layers of each stage in order (a list of one number per stage).
   const std::string layers = r.text("pipeline.layers_per_stage", kLayout);
   size_t begin = 0;

@@ -92,7 +92,8 @@ enum class PipelineSchedule { gpipe, one_f_one_b };
 struct PipelineSettings {
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t microbatches = 0;               // per forward/backward pass of a device's rows; 0: one per row
-  std::vector<int64_t> layers_per_stage;  // empty: balanced by compute
+  int virtual_stages = 1;                 // stages per pipeline rank (interleaved schedules)
+  std::vector<int64_t> layers_per_stage;  // of every stage; empty: balanced by compute
 };
 
 struct MemorySettings {

@@ -37,9 +37,12 @@ MemoryLayout memory_layout(const settings::Settings& settings, const mesh::Mesh&
     if (member != 0 && mesh.device(member).host == mesh.device(0).host) ++layout.fsdp_on_host;
   layout.rows_per_device = std::max<int64_t>(1, settings.global_batch_size / std::max<int64_t>(1, batch_row_shards));
   if (const int stages = mesh.size(mesh::Axis::pipeline); stages > 1) {
-    for (const parallel::StageLayers& s :
-         parallel::split_layers(settings.model, settings.block_size, stages, settings.pipeline.layers_per_stage))
-      layout.stage_layers.push_back(s.size());
+    const int V = settings.pipeline.virtual_stages;
+    layout.stage_layers.assign(stages, 0);  // each rank's layers, over its virtual stages
+    const std::vector<parallel::StageLayers> split = parallel::split_layers(
+        settings.model, settings.block_size, stages, settings.pipeline.layers_per_stage, V);
+    for (size_t s = 0; s < split.size(); ++s) layout.stage_layers[s % stages] += split[s].size();
+    layout.virtual_stages = V;
     const int64_t pass_rows = std::max<int64_t>(1, layout.rows_per_device / settings.gradient_accumulation_steps);
     layout.pipeline_microbatches =
         settings.pipeline.microbatches == 0 ? pass_rows : std::min(settings.pipeline.microbatches, pass_rows);
@@ -54,7 +57,7 @@ struct StagePart {
   int64_t layers = 0;
   bool embedding = true, head = true;  // the first stage's, the last stage's
   int64_t microbatches = 1;            // of a pass
-  int64_t in_flight = 1;               // of them, whose activations are kept at once
+  int64_t in_flight = 1;               // of them, whose activations are kept at once (of the whole stage's layers)
   bool pipelined = false;              // a pipeline stage: its units gathered once per pass (pipeline_run.cpp)
 };
 
@@ -175,8 +178,10 @@ MemoryPlan plan_memory(const settings::Settings& settings, const MemoryLayout& l
   for (int s = 0; s < stages; ++s) {
     StagePart part{layout.stage_layers[s], s == 0, s == stages - 1, layout.pipeline_microbatches};
     part.pipelined = true;
-    part.in_flight =
-        parallel::microbatches_in_flight(settings.pipeline.schedule, stages, s, layout.pipeline_microbatches);
+    // With virtual stages a pass in flight holds one of the rank's V chunks: V of them, a whole rank's layers.
+    const int64_t passes = parallel::microbatches_in_flight(settings.pipeline.schedule, stages, s,
+                                                            layout.pipeline_microbatches, layout.virtual_stages);
+    part.in_flight = (passes + layout.virtual_stages - 1) / layout.virtual_stages;
     const DeviceMemory d = plan_stage(settings, layout, part);
     if (s == 0 || d.total() > plan.device.total()) {
       plan.device = d;

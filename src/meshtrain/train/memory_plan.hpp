@@ -29,8 +29,9 @@ struct MemoryLayout {
   int context = 1;              // each row's tokens split over this many devices (context parallelism)
   // Pipeline parallelism: each stage's decoder layers (empty: one stage of every layer), and the micro-batches one
   // pass of a device's rows is cut into.
-  std::vector<int64_t> stage_layers;
+  std::vector<int64_t> stage_layers;  // per pipeline rank (over its virtual stages)
   int64_t pipeline_microbatches = 1;
+  int virtual_stages = 1;
 };
 
 struct DeviceMemory {
