@@ -10,14 +10,17 @@ grad norm must equal the single device's up to floating-point reordering (1e-4 r
 sent to the wrong micro-batch is off by far more from the first step), every host must print the same loss, and the
 activations are counted on their own (`comm_bytes.stage_transfer`) with each stage's bubble in metrics.jsonl. A
 checkpoint saved at step 5 on pipeline=2 resumes on one device and on fsdp=4 and continues the same losses; a device
-that throws inside a stage ends every host with the reason; layouts that do not fit are refused naming the key.
+that throws inside a stage ends every host with the reason; `meshtrain plan` prints the stages and the schedule's
+timeline; layouts that do not fit are refused naming the key.
 """
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 import unittest
 
-from training_runs import read_records, train
+from training_runs import BINARY, read_records, train
 
 STEPS, SAVE = 10, 5
 TOLERANCE = 1e-4
@@ -117,6 +120,18 @@ class PipelineParityTest(unittest.TestCase):
         self.assertIn("[host 0]", output)
         host0 = [line for line in output.splitlines() if line.startswith("[host 0]") and "ERROR" in line]
         self.assertTrue(any("fault injected at step 3" in line for line in host0), "\n".join(host0[-20:]))
+
+    def test_plan_shows_the_stages_and_the_timeline(self):
+        args = [BINARY, "plan", "--hosts", "2", "--devices-per-host", "2", "model=llama-tiny", *MODEL,
+                "ici_mesh.fsdp=2", "dcn_mesh.pipeline=2", "pipeline.microbatches=2"]
+        text = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
+        self.assertIn("Pipeline: 2 stages (stage 0: embedding, layers 0-1; stage 1: layers 2-3, final norm, head and "
+                      "loss); schedule 1f1b, each pass of 4 rows per device in 2 micro-batches of 2 rows", text)
+        self.assertIn("Pipeline schedule: stage 0 | F0 F1 .. .. B0 B0 .. B1 B1", text)
+        self.assertIn("Pipeline schedule: stage 1 | .. F0 B0 B0 F1 B1 B1 .. ..", text)
+        plan = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=60,
+                                         check=True).stdout)
+        self.assertEqual(len(plan["pipeline"]), 4, plan["pipeline"])
 
     def test_layouts_that_do_not_fit_are_refused_naming_the_key(self):
         _, _, output = train(os.path.join(self.tmp.name, "stages"), 1, 4, ["ici_mesh.fsdp=1", "ici_mesh.pipeline=4"],
