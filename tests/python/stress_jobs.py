@@ -124,48 +124,31 @@ class StressTest(unittest.TestCase):
             problems.append("output tail:\n" + output[-6000:])
         return problems
 
-    def test_one_host_eight_devices(self):
+    def stress_one_host(self, name, tag, overrides, runs):
+        """`runs` jobs of 1 host x 8 devices training 2 steps with `overrides`, each in its own output_dir."""
         def one_run(i):
-            out = os.path.join(self.tmp.name, f"1x8-{i}")
-            code, _, cmd, output = self.job(1, 8, [*SHORT, f"output_dir={out}"])
+            out = os.path.join(self.tmp.name, f"{tag}-{i}")
+            code, _, cmd, output = self.job(1, 8, [*SHORT, *overrides, f"output_dir={out}"])
             problems = self.check(code, cmd, output, out, 2)
             shutil.rmtree(out, ignore_errors=True)
             return problems
 
-        self.stress("1 host x 8 devices", RUNS, one_run)
+        self.stress(name, runs, one_run)
+
+    def test_one_host_eight_devices(self):
+        self.stress_one_host("1 host x 8 devices", "1x8", [], RUNS)
 
     def test_one_host_eight_devices_mixture_of_experts(self):
-        def one_run(i):
-            out = os.path.join(self.tmp.name, f"moe-{i}")
-            code, _, cmd, output = self.job(1, 8, [*SHORT, "model=mixtral-tiny", "ici_mesh.expert=4", "ici_mesh.fsdp=2",
-                                                   f"output_dir={out}"])
-            problems = self.check(code, cmd, output, out, 2)
-            shutil.rmtree(out, ignore_errors=True)
-            return problems
-
-        self.stress("1 host x 8 devices, Mixtral expert=4 x fsdp=2", max(1, RUNS // 4), one_run)
+        self.stress_one_host("1 host x 8 devices, Mixtral expert=4 x fsdp=2", "moe",
+                             ["model=mixtral-tiny", "ici_mesh.expert=4", "ici_mesh.fsdp=2"], max(1, RUNS // 4))
 
     def test_one_host_eight_devices_context_parallel(self):
-        def one_run(i):
-            out = os.path.join(self.tmp.name, f"context-{i}")
-            code, _, cmd, output = self.job(1, 8, [*SHORT, "ici_mesh.context=4", "ici_mesh.fsdp=2",
-                                                   "data.document_mask=true", f"output_dir={out}"])
-            problems = self.check(code, cmd, output, out, 2)
-            shutil.rmtree(out, ignore_errors=True)
-            return problems
-
-        self.stress("1 host x 8 devices, context=4 x fsdp=2 with documents", max(1, RUNS // 4), one_run)
+        self.stress_one_host("1 host x 8 devices, context=4 x fsdp=2 with documents", "context",
+                             ["ici_mesh.context=4", "ici_mesh.fsdp=2", "data.document_mask=true"], max(1, RUNS // 4))
 
     def test_one_host_eight_devices_pipeline(self):
-        def one_run(i):
-            out = os.path.join(self.tmp.name, f"pipeline-{i}")
-            code, _, cmd, output = self.job(1, 8, [*SHORT, "model.num_hidden_layers=4", "ici_mesh.pipeline=4",
-                                                   "ici_mesh.fsdp=2", f"output_dir={out}"])
-            problems = self.check(code, cmd, output, out, 2)
-            shutil.rmtree(out, ignore_errors=True)
-            return problems
-
-        self.stress("1 host x 8 devices, pipeline=4 x fsdp=2", max(1, RUNS // 4), one_run)
+        self.stress_one_host("1 host x 8 devices, pipeline=4 x fsdp=2", "pipeline",
+                             ["model.num_hidden_layers=4", "ici_mesh.pipeline=4", "ici_mesh.fsdp=2"], max(1, RUNS // 4))
 
     def test_two_hosts_four_devices_save_and_resume(self):
         mesh = ["global_batch_size=8", "block_size=64", "max_steps=3", "ici_mesh.fsdp=4", "dcn_mesh.fsdp=2",
