@@ -8,7 +8,6 @@
 #include "meshtrain/common/heap.hpp"
 #include "meshtrain/common/host_memory.hpp"
 #include "meshtrain/common/log.hpp"
-#include "meshtrain/mesh/mesh_roles.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
 #include "meshtrain/model/moe.hpp"
@@ -307,7 +306,7 @@ StepMetrics DeviceTrainer::train_step(int64_t step) {
   if (routing) routing->alltoall_seconds = counters.seconds(runtime::Collective::all_to_all) - alltoall_before;
   metrics.routing = routing;
   if (!stage_waits.empty()) metrics.pipeline_bubble_seconds = std::move(stage_waits);
-  if (mesh::MeshRoles(ctx_.mesh()).context_split())
+  if (ctx_.mesh().size(mesh::Axis::context) > 1)
     metrics.kv_exchange_seconds = counters.seconds(runtime::Collective::kv_exchange) - kv_exchange_before;
   metrics.comm_bytes = collective_bytes(counters);
   for (auto& [kind, bytes] : metrics.comm_bytes) bytes -= bytes_before.at(kind);
