@@ -94,7 +94,7 @@ TEST(PartitionSpecTest, RejectsUnknownAxesAndEmptyEntries) {
 TEST(PartitionSpecTest, ReplicaAxesAreTheUnusedOnes) {
   PartitionSpec spec = PartitionSpec::parse("fsdp, None");
   spec.partial = {Axis::expert};
-  EXPECT_EQ(spec.replica_axes(), (std::vector<Axis>{Axis::data, Axis::tensor, Axis::context}));
+  EXPECT_EQ(spec.replica_axes(), (std::vector<Axis>{Axis::data, Axis::tensor, Axis::context, Axis::pipeline}));
 }
 
 TEST(CheckSpecTest, NonDivisibleDimensionNamesDimensionSizeAxesAndProduct) {

@@ -22,7 +22,7 @@ void expect_picture(const std::string& drawn, const std::string& golden) {
 TEST(VisualizeTest, InputBatchWithTheSequenceOverContextNamesEachTilesTokens) {
   const mesh::Mesh mesh =
       mesh::Mesh::create(testing::axis_sizes(1, 2, 1, 1), testing::axis_sizes(1, 1, 1, 1, 2), 2, 2);
-  expect_picture(render_input_batch(mesh, 2, 8, {}, PartitionSpec::parse("(data,fsdp),context")), R"(input_ids i32[2@(data,fsdp), 8@context] on mesh data=1 x fsdp=2 x tensor=1 x expert=1 x context=2 (2 hosts x 2 devices per host)
+  expect_picture(render_input_batch(mesh, 2, 8, {}, PartitionSpec::parse("(data,fsdp),context")), R"(input_ids i32[2@(data,fsdp), 8@context] on mesh data=1 x fsdp=2 x tensor=1 x expert=1 x context=2 x pipeline=1 (2 hosts x 2 devices per host)
 ┌──────────────────────────────────────┬──────────────────────────────────────┐
 │              [0:1, 0:4]              │              [0:1, 4:8]              │
 │           tokens 0:2, 6:8            │           tokens 2:4, 4:6            │
