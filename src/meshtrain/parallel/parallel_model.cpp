@@ -270,10 +270,9 @@ ParallelModel::ParallelModel(std::shared_ptr<model::LlamaForCausalLM> model, run
     layers_.push_back(make_unit(layer_prefix + std::to_string(i), layer_params[i]));
   final_norm_ = make_unit("final_norm", final_norm_params);
   if (!lm_head_params.empty()) lm_head_ = make_unit("lm_head", lm_head_params);
-  if (model_->config().is_moe()) {
+  if (model_->config().is_moe())
     for (int64_t i = 0; i < num_layers; ++i)
       expert_units_.push_back(make_unit(layer_prefix + std::to_string(i) + ".experts", expert_params[i]));
-  }
   for (size_t u = 0, held = 0; u < num_units(); ++u) shard_index_.push_back(holds(u) ? static_cast<int>(held++) : -1);
   // The whole model's parameters: the units' members, and for each expert unit the experts of every device (the
   // member at the same place among the local ones has the same shape and offset on the expert's holder).
@@ -707,8 +706,9 @@ void ParallelModel::assemble_whole_tensors(const std::vector<at::Tensor>& shard_
 }
 
 void ParallelModel::load_shards(std::vector<at::Tensor>& shard_buffers, const model::SliceSource& values) {
-  MT_CHECK(shard_buffers.size() == parameter_shards().size(), "{} shard buffers for the {} units this stage holds",
-           shard_buffers.size(), parameter_shards().size());
+  const size_t held_units = parameter_shards().size();
+  MT_CHECK(shard_buffers.size() == held_units, "{} shard buffers for the {} units this stage holds",
+           shard_buffers.size(), held_units);
   for (size_t u = 0; u < num_units(); ++u)
     if (holds(u)) unit(u).fill_shard(shard_buffers[static_cast<size_t>(shard_index_[u])], values);
 }

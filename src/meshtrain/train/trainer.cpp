@@ -94,8 +94,9 @@ Trainer::Trainer(const settings::Settings& settings, const mesh::Mesh& mesh, int
                 "gradient_accumulation_steps={} does not divide the {} rows each device holds (global_batch_size {} "
                 "over the mesh)", settings_.gradient_accumulation_steps, pipeline_->rows_per_device(),
                 settings_.global_batch_size);
-  // A pipeline's layout errors before any device starts.
-  parallel::describe_pipeline(settings_, mesh, pipeline_->rows_per_device() / settings_.gradient_accumulation_steps);
+  // A pipeline's layout errors before any device starts; its lines are logged by start().
+  pipeline_lines_ =
+      parallel::describe_pipeline(settings_, mesh, pipeline_->rows_per_device() / settings_.gradient_accumulation_steps);
   if (settings_.eval.enabled()) {
     eval_pipeline_ = std::make_unique<data::DataPipeline>(settings_, mesh, host, nullptr,
                                                           data::DataPipeline::Purpose::evaluation);
@@ -160,9 +161,7 @@ bool Trainer::start(const runtime::JobFacts& agreed) {
             settings_.gradient_accumulation_steps, settings_.gradient_accumulation_steps == 1 ? "" : "es",
             settings_.compute_dtype == settings::ComputeDtype::bfloat16 ? "bf16 matmuls" : "fp32", mesh_.num_devices());
 
-  for (const std::string& line : parallel::describe_pipeline(
-           settings_, mesh_, pipeline_->rows_per_device() / settings_.gradient_accumulation_steps))
-    log::info("{}", line);
+  for (const std::string& line : pipeline_lines_) log::info("{}", line);
 
   // Where the parameters' values come from; each device asks for its own pieces only (sharded initialization).
   // The resume point's files were verified when it was found.

@@ -28,6 +28,8 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 namespace meshtrain::train {
 
@@ -75,6 +77,7 @@ class Trainer {
   std::unique_ptr<data::DataPipeline> pipeline_, eval_pipeline_;  // eval_pipeline_: null without evaluation
   MemoryPlan memory_plan_;
   nlohmann::json mfu_peak_;  // host 0's PeakFlops (null on the other hosts)
+  std::vector<std::string> pipeline_lines_;  // the stages and the schedule's timeline (none without a pipeline)
   std::unique_ptr<MetricsLogger> metrics_;
   std::optional<model::CheckpointTensors> checkpoint_weights_;  // the initial weights, when they come from files
   model::SliceSource initial_values_;
