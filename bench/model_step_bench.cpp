@@ -2,7 +2,7 @@
 // eager from Python (bench/model_step_peer.py, same libtorch), in one run, with MFU against the measured matmul peak.
 //
 //   build-dir/model_step_bench [--model llama-100m] [--batch 4] [--seq 256] [--threads 2] [--dtype bf16] [--steps 3]
-//                              [--bf16-matmul auto|native|fp32_gemm] [--no-peer] [--trace-dir DIR]
+//                              [--bf16-matmul auto|native|fp32_gemm] [--no-peer] [--trace-dir DIR] [--set KEY=VALUE]
 //
 // A step is forward, cross-entropy loss, backward and an AdamW update on random tokens; the first step of each side
 // warms up and is not timed. Both sides do the same work, and the bench proves it: the peer starts from meshtrain's
@@ -126,7 +126,9 @@ int main(int argc, char** argv) {
   int threads = 2, steps = 3;
   bool no_peer = false;
   std::string trace_dir;
+  std::vector<std::string> model_overrides;
   app.add_option("--model", model_name)->capture_default_str();
+  app.add_option("--set", model_overrides, "a config override, repeatable (e.g. model.num_local_experts=8)");
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--seq", seq)->capture_default_str();
   app.add_option("--threads", threads)->capture_default_str();
@@ -143,7 +145,11 @@ int main(int argc, char** argv) {
   at::set_num_threads(threads);
 
   const config::LlamaConfig config =
-      settings::Settings::from_config(config::Config::load(config::default_config_dir(), {"model=" + model_name}))
+      settings::Settings::from_config(config::Config::load(config::default_config_dir(), [&] {
+        std::vector<std::string> overrides{"model=" + model_name};
+        overrides.insert(overrides.end(), model_overrides.begin(), model_overrides.end());
+        return overrides;
+      }()))
           .model;
   std::string bf16_path;  // the start-up line of bf16 compute
   if (dtype == torch::kBFloat16) {

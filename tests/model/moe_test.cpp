@@ -3,9 +3,12 @@
 #include "meshtrain/common/error.hpp"
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/model/llama.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/moe.hpp"
 #include "meshtrain/model/parameter_init.hpp"
 #include "meshtrain/settings/settings.hpp"
+
+#include "bf16_path.hpp"
 
 #include <gtest/gtest.h>
 
@@ -125,6 +128,59 @@ TEST(MixtralBlockTest, AnExpertWithoutTokensGetsAZeroGradient) {
     EXPECT_EQ(p.value().grad().abs().max().item<float>(), 0.0f) << p.key();
   }
   EXPECT_GT(block->experts()[0]->w1->weight.grad().abs().max().item<float>(), 0.0f);
+}
+
+// The grouped experts (one autograd node over all local experts, experts_forward/experts_backward) against each
+// expert's own modules through autograd (MixtralExpert::forward, Hugging Face's expert): outputs and the gradients of
+// the rows and of every weight, an expert without rows included; fp32 exactly as fp32 (up to summation order), bf16
+// on both paths within bf16 rounding.
+TEST(GroupedExpertsTest, MatchEachExpertThroughAutogradOnEveryComputePath) {
+  const LlamaConfig config = moe_config(4, 2);
+  auto stats = std::make_shared<RouterStats>(4, 2, 0.1);
+  auto block = random_block(config, stats);
+  const std::vector<int64_t> rows = {5, 0, 3, 7};  // expert 1 gets no rows
+  const torch::Tensor x_RD = torch::randn({15, 16}, at::detail::createCPUGenerator(8));
+  const torch::Tensor dy_RD = torch::randn({15, 16}, at::detail::createCPUGenerator(9));
+  struct Case {
+    torch::Dtype dtype;
+    Bf16Matmul path;
+    double tolerance;
+  };
+  for (const Case& c : {Case{torch::kFloat32, Bf16Matmul::native, 1e-5}, Case{torch::kBFloat16, Bf16Matmul::native, 3e-2},
+                        Case{torch::kBFloat16, Bf16Matmul::fp32_gemm, 3e-2}}) {
+    const testing::Bf16PathScope path(c.path);
+    const std::string what = std::string(c10::toString(c.dtype)) + " on " + bf16_matmul_name(c.path);
+    auto gradients = [&](bool grouped) {
+      for (auto& p : block->parameters()) p.mutable_grad().reset();
+      const torch::Tensor x = x_RD.to(c.dtype).clone().requires_grad_(true);
+      torch::Tensor y;
+      if (grouped) {
+        y = block->run_local_experts(x, rows);
+      } else {  // each expert's modules, a cast of its weights per projection as DenseLinear does
+        std::vector<torch::Tensor> outputs;
+        int64_t offset = 0;
+        for (size_t j = 0; j < rows.size(); offset += rows[j], ++j)
+          outputs.push_back(block->experts()[j]->forward(x.narrow(0, offset, rows[j])));
+        y = torch::cat(outputs);
+      }
+      (y.to(torch::kFloat32) * dy_RD).sum().backward();
+      std::vector<torch::Tensor> result{y.to(torch::kFloat32).detach(), x.grad().to(torch::kFloat32)};
+      for (const auto& expert : block->experts())
+        for (const auto& projection : {expert->w1, expert->w3, expert->w2}) {
+          EXPECT_TRUE(projection->weight.grad().defined()) << what;
+          result.push_back(projection->weight.grad().clone());
+        }
+      return result;
+    };
+    const std::vector<torch::Tensor> grouped = gradients(true), reference = gradients(false);
+    ASSERT_EQ(grouped.size(), reference.size());
+    for (size_t i = 0; i < grouped.size(); ++i) {
+      const double scale = reference[i].abs().max().item<double>();
+      EXPECT_LE((grouped[i] - reference[i]).abs().max().item<double>(), c.tolerance * std::max(scale, 1e-3))
+          << what << ", output " << i << " (0: y, 1: the rows' gradient, then w1, w3, w2 of each expert)";
+    }
+    for (size_t i = 2 + 3; i < 2 + 6; ++i) EXPECT_EQ(grouped[i].abs().max().item<float>(), 0.0f) << what;
+  }
 }
 
 TEST(RouterStatsTest, AuxLossAndItsGradientFollowTheFormula) {

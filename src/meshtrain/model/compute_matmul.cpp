@@ -120,6 +120,18 @@ torch::Tensor gemm_operand(const torch::Tensor& t, torch::Dtype compute_dtype) {
   return t.to(torch::kBFloat16).to(torch::kFloat32);  // the bf16 rounding first (no-op for a bf16 t), then widened
 }
 
+torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& out, bool accumulate) {
+  if (a.scalar_type() != torch::kBFloat16 || bf16_matmul() == Bf16Matmul::native) {
+    if (!out.defined()) return at::mm(a, b);
+    torch::Tensor into = out;
+    return accumulate ? into.addmm_(a, b) : at::mm_out(into, a, b);
+  }
+  const torch::Tensor result = at::mm(a.to(torch::kFloat32), b.to(torch::kFloat32));
+  if (!out.defined()) return result.to(torch::kBFloat16);
+  torch::Tensor into = out;
+  return accumulate ? into.copy_((into.to(torch::kFloat32) + result).to(torch::kBFloat16)) : into.copy_(result);
+}
+
 torch::Tensor compute_matmul(const torch::Tensor& a, const torch::Tensor& b) {
   if (a.scalar_type() != torch::kBFloat16 || bf16_matmul() == Bf16Matmul::native) return torch::matmul(a, b);
   MT_CHECK(b.scalar_type() == torch::kBFloat16, "compute_matmul: a is bf16, b is {}", c10::toString(b.scalar_type()));

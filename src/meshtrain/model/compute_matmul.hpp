@@ -74,6 +74,13 @@ torch::Dtype gemm_dtype(torch::Dtype compute_dtype);
 // head loss): torch::matmul of two of these, then .to(compute_dtype), is what compute_matmul computes.
 torch::Tensor gemm_operand(const torch::Tensor& t, torch::Dtype compute_dtype);
 
+// a [N, I] @ b [I, O] outside autograd, as compute_matmul computes it: in their dtype (both fp32 or both bf16), bf16
+// on fp32_gemm as an fp32 GEMM of the bf16 values rounded to bf16. For a caller that writes its own backward. With
+// `out` ([N, O], a's dtype) the result is written there (straight from the GEMM where it runs in a's dtype) and
+// `out` is returned; with `accumulate`, added to what `out` holds.
+torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& out = {},
+                   bool accumulate = false);
+
 // a @ b in their dtype (both fp32 or both bf16), differentiable; bf16 on fp32_gemm saves the bf16 operands for
 // backward, and its gradients are fp32 GEMMs of bf16 values too, rounded to bf16. Shapes: a [..., N, I] with
 // b [I, O] (a projection); the result is [..., N, O].

@@ -3,6 +3,7 @@
 #include "meshtrain/model/moe.hpp"
 
 #include "meshtrain/common/error.hpp"
+#include "meshtrain/model/compute_matmul.hpp"
 
 #include <cmath>
 
@@ -26,7 +27,91 @@ struct LoadBalancingGradient : torch::autograd::Function<LoadBalancingGradient> 
   }
 };
 
+// The local experts on one device: experts_forward and experts_backward as one autograd node. Inputs: the rows, their
+// counts per expert, and the experts' weights (expert_weights' order), which get their gradients.
+struct GroupedExperts : torch::autograd::Function<GroupedExperts> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_RD, const std::vector<int64_t>& rows_per_expert,
+                            at::TensorList weights) {
+    ExpertActivations kept;
+    at::Tensor y_RD = experts_forward(weights.vec(), x_RD, rows_per_expert, &kept);
+    std::vector<at::Tensor> saved{kept.x_RD, kept.h1_RF, kept.h3_RF};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["rows_per_expert"] = rows_per_expert;
+    return y_RD;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const ExpertActivations kept{saved[0], saved[1], saved[2], ctx->saved_data["rows_per_expert"].toIntVector()};
+    const std::vector<at::Tensor> weights(saved.begin() + 3, saved.end());
+    std::vector<at::Tensor> weight_grads(weights.size());
+    variable_list result{experts_backward(weights, kept, grads[0], weight_grads), at::Tensor()};
+    result.insert(result.end(), weight_grads.begin(), weight_grads.end());
+    return result;
+  }
+};
+
 }  // namespace
+
+at::Tensor experts_forward(const std::vector<at::Tensor>& weights, const at::Tensor& x_RD,
+                           const std::vector<int64_t>& rows_per_expert, ExpertActivations* keep) {
+  MT_CHECK(weights.size() == 3 * rows_per_expert.size(), "{} weights for {} experts", weights.size(),
+           rows_per_expert.size());
+  const torch::Dtype dtype = x_RD.scalar_type();
+  const int64_t R = x_RD.size(0), D = x_RD.size(1), F = weights.empty() ? 0 : weights[0].size(0);
+  at::Tensor y_RD = at::empty({R, D}, x_RD.options());
+  at::Tensor h1_RF = at::empty({R, F}, x_RD.options()), h3_RF = at::empty({R, F}, x_RD.options());
+  int64_t offset = 0;
+  for (size_t j = 0; j < rows_per_expert.size(); ++j) {
+    const int64_t rows = rows_per_expert[j];
+    if (rows == 0) continue;
+    const at::Tensor x = x_RD.narrow(0, offset, rows), h1 = h1_RF.narrow(0, offset, rows),
+                     h3 = h3_RF.narrow(0, offset, rows);
+    gemm(x, weights[3 * j].to(dtype).t(), h1);
+    gemm(x, weights[3 * j + 1].to(dtype).t(), h3);
+    gemm(at::silu(h1) * h3, weights[3 * j + 2].to(dtype).t(), y_RD.narrow(0, offset, rows));
+    offset += rows;
+  }
+  MT_CHECK(offset == R, "the experts' row counts add up to {}, not the {} rows given", offset, R);
+  if (keep) *keep = ExpertActivations{x_RD, h1_RF, h3_RF, rows_per_expert};
+  return y_RD;
+}
+
+at::Tensor experts_backward(const std::vector<at::Tensor>& weights, const ExpertActivations& kept,
+                            const at::Tensor& grad_y_RD, std::vector<at::Tensor>& weight_grads) {
+  MT_CHECK(weight_grads.size() == weights.size(), "{} gradient slots for {} weights", weight_grads.size(),
+           weights.size());
+  const torch::Dtype dtype = kept.x_RD.scalar_type();
+  const at::Tensor grad_y = grad_y_RD.to(dtype).contiguous();
+  at::Tensor grad_x_RD = at::empty_like(kept.x_RD);
+  auto add_grad = [&](size_t i, const at::Tensor& grad) {
+    const at::Tensor g = grad.to(weights[i].scalar_type());
+    weight_grads[i] = weight_grads[i].defined() ? weight_grads[i] + g : g;
+  };
+  int64_t offset = 0;
+  for (size_t j = 0; j < kept.rows_per_expert.size(); ++j) {
+    const int64_t rows = kept.rows_per_expert[j];
+    if (rows == 0) {
+      for (size_t i = 3 * j; i < 3 * j + 3; ++i) add_grad(i, at::zeros_like(weights[i]));
+      continue;
+    }
+    const at::Tensor w1 = weights[3 * j].to(dtype), w3 = weights[3 * j + 1].to(dtype),
+                     w2 = weights[3 * j + 2].to(dtype);
+    const at::Tensor x = kept.x_RD.narrow(0, offset, rows), h1 = kept.h1_RF.narrow(0, offset, rows),
+                     h3 = kept.h3_RF.narrow(0, offset, rows), dy = grad_y.narrow(0, offset, rows);
+    const at::Tensor silu_h1 = at::silu(h1);
+    add_grad(3 * j + 2, gemm(dy.t(), silu_h1 * h3));  // d w2 [D, F]
+    const at::Tensor d_product = gemm(dy, w2);          // [rows, F]
+    const at::Tensor d_h3 = d_product * silu_h1, d_h1 = at::silu_backward(d_product * h3, h1);
+    add_grad(3 * j, gemm(d_h1.t(), x));
+    add_grad(3 * j + 1, gemm(d_h3.t(), x));
+    const at::Tensor grad_x = grad_x_RD.narrow(0, offset, rows);
+    gemm(d_h1, w1, grad_x);
+    gemm(d_h3, w3, grad_x, /*accumulate=*/true);
+    offset += rows;
+  }
+  return grad_x_RD;
+}
 
 RouterStats::RouterStats(int64_t num_experts, int64_t experts_per_token, double aux_loss_coef)
     : num_experts_(num_experts), experts_per_token_(experts_per_token), aux_loss_coef_(aux_loss_coef) {
@@ -123,19 +208,19 @@ void MixtralSparseMoe::shard_over_tensor(int size, TensorGroupStep enter, Tensor
   tensor_exit_ = std::move(exit);
 }
 
+std::vector<at::Tensor> MixtralSparseMoe::expert_weights() const {
+  std::vector<at::Tensor> weights;
+  for (const std::shared_ptr<MixtralExpert>& expert : experts_)
+    for (const auto& projection : {expert->w1, expert->w3, expert->w2}) weights.push_back(projection->weight);
+  return weights;
+}
+
 torch::Tensor MixtralSparseMoe::run_local_experts(const torch::Tensor& x_RD,
                                                   const std::vector<int64_t>& rows_per_local_expert) {
   MT_CHECK(rows_per_local_expert.size() == experts_.size(), "{} row counts for {} local experts",
            rows_per_local_expert.size(), experts_.size());
-  std::vector<torch::Tensor> outputs;
-  int64_t offset = 0;
-  for (size_t j = 0; j < experts_.size(); ++j) {
-    outputs.push_back(experts_[j]->forward(x_RD.narrow(0, offset, rows_per_local_expert[j])));
-    offset += rows_per_local_expert[j];
-  }
-  MT_CHECK(offset == x_RD.size(0), "the local experts' row counts add up to {}, not the {} rows given", offset,
-           x_RD.size(0));
-  return torch::cat(outputs);
+  const std::vector<at::Tensor> weights = expert_weights();
+  return GroupedExperts::apply(x_RD, rows_per_local_expert, at::TensorList(weights));  // a list: one input each
 }
 
 torch::Tensor MixtralSparseMoe::forward(const torch::Tensor& x_BTD) {

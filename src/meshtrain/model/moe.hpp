@@ -70,6 +70,24 @@ class MixtralExpert : public torch::nn::Module {
   std::shared_ptr<DenseLinear> w1, w2, w3;  // [F, D], [D, F], [F, D]
 };
 
+// The local experts' MLPs run grouped, outside autograd (an autograd function wraps them: MixtralSparseMoe's
+// run_local_experts on one device, parallel/expert_parallel.cpp around its exchanges). Rows come grouped by local
+// expert, rows_per_expert[j] rows of the j-th kept expert in turn; each expert is one GEMM chain over its rows, written
+// into one output (no per-expert autograd nodes, slices or concatenation). `weights` are the experts' projections in
+// turn, w1, w3, w2 of each (MixtralSparseMoe::expert_weights); the GEMMs run in x's dtype on this process's bf16 path
+// (compute_matmul.hpp).
+struct ExpertActivations {  // what backward needs: the input and both F-wide projections (silu and product recomputed)
+  at::Tensor x_RD, h1_RF, h3_RF;
+  std::vector<int64_t> rows_per_expert;
+};
+// y = w2(silu(w1 x) * w3 x) of each row's expert; `keep` (when given) receives what experts_backward needs.
+at::Tensor experts_forward(const std::vector<at::Tensor>& weights, const at::Tensor& x_RD,
+                           const std::vector<int64_t>& rows_per_expert, ExpertActivations* keep);
+// The input's gradient; each weight's gradient (in the weight's dtype) is added into weight_grads[i] (defined on
+// return, zeros for an expert without rows).
+at::Tensor experts_backward(const std::vector<at::Tensor>& weights, const ExpertActivations& kept,
+                            const at::Tensor& grad_y_RD, std::vector<at::Tensor>& weight_grads);
+
 // Sends rows grouped by expert (rows_per_expert[e] rows of expert e in turn, all E experts) to the devices of their
 // experts, runs them there and returns each row's expert output in the same order (the default runs them all here).
 using ExpertExchange =
@@ -96,6 +114,8 @@ class MixtralSparseMoe : public torch::nn::Module {
   void set_capacity_factor(double factor) { capacity_factor_ = factor; }
 
   const std::vector<std::shared_ptr<MixtralExpert>>& experts() const { return experts_; }
+  // The kept experts' projections in turn, w1, w3, w2 of each (as experts_forward takes them).
+  std::vector<at::Tensor> expert_weights() const;
 
   std::shared_ptr<DenseLinear> gate;  // the router, [E, D]
 
