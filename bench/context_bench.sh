@@ -7,12 +7,15 @@
 #
 #   bench/context_bench.sh [BUILD_DIR]      default BUILD_DIR: build
 # Environment: ROUNDS=2 STEPS=4 BLOCK=8192 KEEP_DIR= (keep the runs' output folders there)
+# QUICK=1: ROUNDS=1 STEPS=3 BLOCK=2048 (about 2 minutes on 2 cores), the same layouts.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/bench_common.sh
+source "$root/bench/bench_common.sh"
 build=$(cd "${1:-$root/build}" && pwd)
-rounds=${ROUNDS:-2}
-steps=${STEPS:-4}
-block=${BLOCK:-8192}
+rounds=${ROUNDS:-$(q 1 2)}
+steps=${STEPS:-$(q 3 4)}
+block=${BLOCK:-$(q 2048 8192)}
 keep=${KEEP_DIR:-$(mktemp -d)}
 mkdir -p "$keep"
 cd "$root"
@@ -21,8 +24,7 @@ layouts=("fsdp=8|ici_mesh.fsdp=4 dcn_mesh.fsdp=2"
          "dcn context=2 x ici fsdp=4|ici_mesh.fsdp=4 dcn_mesh.context=2"
          "ici context=4 x dcn fsdp=2|ici_mesh.fsdp=1 ici_mesh.context=4 dcn_mesh.fsdp=2")
 echo "context_bench: llama-tiny, global batch 8 x $block, fp32, 2 hosts x 4 devices, $steps steps, $rounds rounds"
-flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|avx512f|avx512_bf16|amx_bf16)$' | tr '\n' ' ')
-echo "commit $(git rev-parse --short HEAD); $(lscpu | sed -n 's/^Model name: *//p') ($flags); $(nproc) cores"
+echo "$(date -u '+%Y-%m-%d %H:%M UTC'); commit $(source_commit "$root"); $(cpu_description); $(nproc) cores"
 for round in $(seq 1 "$rounds"); do
   for layout in "${layouts[@]}"; do
     name=${layout%%|*}

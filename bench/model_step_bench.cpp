@@ -3,6 +3,7 @@
 //
 //   build-dir/model_step_bench [--model llama-100m] [--batch 4] [--seq 256] [--threads 2] [--dtype bf16] [--steps 3]
 //                              [--bf16-matmul auto|native|fp32_gemm] [--no-peer] [--trace-dir DIR] [--set KEY=VALUE]
+//                              [--quick]
 //
 // A step is forward, cross-entropy loss, backward and an AdamW update on random tokens; the first step of each side
 // warms up and is not timed. Both sides do the same work, and the bench proves it: the peer starts from meshtrain's
@@ -20,6 +21,10 @@
 // --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
 // profiler adds its own cost per op) and writes a Chrome trace, DIR/meshtrain.json and DIR/pytorch.json;
 // bench/step_profile.py DIR/*.json --steps N lists the top operators by self time per step.
+//
+// --set KEY=VALUE (repeatable) overrides the model's config as `meshtrain train` takes it (model.num_local_experts=8:
+// a Mixtral, timed with --no-peer, as the peer writes a dense Llama). --quick: one timed step per side (unless
+// --steps is given) and a shorter peak measurement, about a minute for llama-100m in fp32 with the peer.
 //
 // The record opens with a header naming the CPU (model and the flags that decide matmul speed), the commit of the
 // source and the load average before and after the run.
@@ -138,8 +143,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "native", "fp32_gemm"}))
       ->capture_default_str();
   app.add_flag("--no-peer", no_peer, "time meshtrain only (no PyTorch peer, no ratio)");
+  bool quick = false;
+  app.add_flag("--quick", quick, "1 timed step per side (unless --steps is given) and a shorter peak measurement");
   app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
   CLI11_PARSE(app, argc, argv);
+  if (quick && app.count("--steps") == 0) steps = 1;
   const std::string load_before = load_average();
   const torch::Dtype dtype = dtype_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   at::set_num_threads(threads);
@@ -151,6 +159,10 @@ int main(int argc, char** argv) {
         return overrides;
       }()))
           .model;
+  if (config.is_moe() && !no_peer) {
+    std::cerr << "model_step_bench: the PyTorch peer is a dense Llama; time a Mixtral with --no-peer\n";
+    return 2;
+  }
   std::string bf16_path;  // the start-up line of bf16 compute
   if (dtype == torch::kBFloat16) {
     const model::Bf16MatmulChoice choice =
@@ -222,7 +234,7 @@ int main(int argc, char** argv) {
   }
 
   const torch::Dtype gemm = model::gemm_dtype(dtype);
-  const model::MatmulPeak peak = model::measure_matmul_peak(gemm, 2048, 2.0);
+  const model::MatmulPeak peak = model::measure_matmul_peak(gemm, 2048, quick ? 0.5 : 2.0);
   const double flops_per_token = config.training_flops_per_token(seq);
   auto mfu = [&](double tokens_per_s) { return 100 * tokens_per_s * flops_per_token / (peak.gflops * 1e9); };
   const CpuInfo cpu = read_cpu_info();

@@ -13,15 +13,18 @@
 # rounds and the spread (min..max), with the ratios moe/dense at each degree and the all-to-all share of a step.
 #
 # Environment (defaults): ROUNDS=3 STEPS=12 WARMUP=3 GBS=8 BLOCK=256 CORES=$(nproc) KEEP_DIR=path (keep the runs)
+# QUICK=1: ROUNDS=1 STEPS=6 WARMUP=2 BLOCK=128 (about a minute on 2 cores), the same table.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/bench_common.sh
+source "$root/bench/bench_common.sh"
 build=${1:-$root/build}
 [[ -d $build ]] && build=$(cd "$build" && pwd)
-rounds=${ROUNDS:-3}
-steps=${STEPS:-12}
-warmup=${WARMUP:-3}
+rounds=${ROUNDS:-$(q 1 3)}
+steps=${STEPS:-$(q 6 12)}
+warmup=${WARMUP:-$(q 2 3)}
 gbs=${GBS:-8}
-block=${BLOCK:-256}
+block=${BLOCK:-$(q 128 256)}
 cores=${CORES:-$(nproc)}
 work=${KEEP_DIR:-$(mktemp -d)}
 mkdir -p "$work"
@@ -42,7 +45,9 @@ run() {  # NAME DEVICES overrides...
   cp "$out/metrics.jsonl" "$work/$name.$round.jsonl"
 }
 
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg); commit $(git -C "$root" rev-parse --short HEAD)"
+echo "moe_bench $(date -u '+%Y-%m-%d %H:%M UTC'): global batch $gbs x $block, $steps steps (medians after $warmup)," \
+  "$rounds round(s); commit $(source_commit "$root"); $(cpu_description); $cores cores"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   run dense1 1 "${dense[@]}" ici_mesh.fsdp=1
   run moe1 1 "${moe[@]}" ici_mesh.fsdp=1

@@ -70,8 +70,6 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$root/bench/bench_common.sh"
 build=${1:-$root/build}
 [[ -d $build ]] && build=$(cd "$build" && pwd)  # absolute: the runs start from the repository root
-quick=${QUICK:-0}
-q() { [[ $quick == 1 ]] && echo "$1" || echo "$2"; }  # the QUICK=1 default, else the normal one
 model=${MODEL:-llama-10m}
 gbs=${GBS:-$(q 4 8)}
 block=${BLOCK:-$(q 128 256)}
@@ -137,11 +135,8 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "== load average before: $load_before" >&2
 cd "$root"
 # The record's header: the CPU (lscpu's model and the flags that decide matmul speed), the commit, the date.
-cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)
-cpu_flags=$(lscpu | sed -n 's/^Flags: *//p' | tr ' ' '\n' | grep -E '^(avx|avx2|fma|avx512.*|.*bf16.*|amx.*)$' |
-  tr '\n' ' ' | sed 's/ $//')
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]] && commit+=" (with uncommitted changes)"
+cpu=$(cpu_description)
+commit=$(source_commit "$root")
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 
 # The shared start: initial weights, and the sample ids of every step's global batch.
@@ -200,9 +195,9 @@ fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 "$python" - "$tmp" "$model" "$gbs" "$block" "$steps" "$warmup" "$dtype" "$cores" "$load_before" "$load_after" \
-  "$loss_rtol" "$cpu_model" "$cpu_flags" "$commit" "$started" "$dataset" <<'PY'
+  "$loss_rtol" "$cpu" "$commit" "$started" "$dataset" <<'PY'
 import json, os, re, statistics, sys
-(tmp, model, gbs, block, steps, warmup, dtype, cores, load_before, load_after, loss_rtol, cpu_model, cpu_flags, commit,
+(tmp, model, gbs, block, steps, warmup, dtype, cores, load_before, load_after, loss_rtol, cpu, commit,
  started, dataset) = sys.argv[1:]
 gbs, block, steps, warmup, cores, loss_rtol = int(gbs), int(block), int(steps), int(warmup), int(cores), float(loss_rtol)
 tokens = gbs * block
@@ -247,7 +242,7 @@ m1, p1, m2, p2, m2h, m2n = (r for _, r in runs)
 fmt = lambda v, p=3: "-" if v is None else f"{v:.{p}f}"
 losses = lambda xs: "[" + ", ".join(fmt(x, 6) for x in xs) + "]"
 
-print(f"\nparallel_bench {started}; commit {commit}; CPU {cpu_model} (flags: {cpu_flags or 'none of avx/fma/avx512/bf16'}),"
+print(f"\nparallel_bench {started}; commit {commit}; CPU {cpu},"
       f" {cores} cores; load average (1/5/15 min) before {load_before}, after {load_after}")
 print(f"model={model} global_batch={gbs} block={block} steps={steps} (medians of steps {warmup + 1}..{steps}) "
       f"dtype={dtype} data={dataset}")

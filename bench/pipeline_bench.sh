@@ -47,8 +47,6 @@ source "$root/bench/bench_common.sh"
 build=${1:-$root/build}
 [[ -d $build ]] && build=$(cd "$build" && pwd)
 meshtrain=$build/meshtrain
-quick=${QUICK:-0}
-q() { [[ $quick == 1 ]] && echo "$1" || echo "$2"; }
 model=${MODEL:-llama-10m}
 gbs=${GBS:-16}
 block=${BLOCK:-$(q 64 128)}
@@ -158,16 +156,11 @@ unset 'pids[-1]'
 wait_for_load_below "$max_load" "$load_wait"
 
 cd "$root"
-cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)
-cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|avx512f|avx512_bf16|amx_bf16)$' |
-  tr '\n' ' ' | sed 's/ $//')
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]] && commit+=" (with uncommitted changes)"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "pipeline_bench $(date -u '+%Y-%m-%d %H:%M UTC'): $model, global batch $gbs x $block, fp32, 2 hosts x 2 devices" \
   "($threads thread/device$([[ $pin == 1 ]] && echo ", host h pinned to core h")), $steps steps, medians of steps" \
   "$((warmup + 1))..$steps, $rounds round(s), pipeline $micro micro-batches"
-echo "commit $commit; $cpu_model ($cpu_flags); $cores cores; binary $meshtrain"
+echo "commit $(source_commit "$root"); $(cpu_description); $cores cores; binary $meshtrain"
 echo "slow link: veth ${veth[0]} (${ns[0]}, ${addr[0]}) <-> ${veth[1]} (${ns[1]}, ${addr[1]}), MTU" \
   "$(ip -n "${ns[0]}" -o link show "${veth[0]}" | sed -n 's/.* mtu \([0-9]*\).*/\1/p'); $shaping"
 echo "slow link measured: $link_measured"

@@ -7,6 +7,7 @@
 #include "scratch_dir.hpp"
 
 #include <fstream>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/common/checksum.hpp"
@@ -74,6 +75,24 @@ TEST(TokensChecksumTest, Crc32cCheckValue) {
   EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
   EXPECT_EQ(crc32c("6789", 4, crc32c("12345", 5)), 0xE3069283u);
   EXPECT_EQ(crc32c("", 0), 0u);
+}
+
+TEST(TokensChecksumTest, Crc32cOfLongBuffersMatchesTheBitwiseDefinition) {
+  // Long enough for the three-stream path (pieces of 3 x 4096 bytes) and a tail, chained at odd split points.
+  std::vector<uint8_t> data(3 * 4096 * 3 + 1234);
+  uint64_t state = 12345;
+  for (uint8_t& byte : data) byte = static_cast<uint8_t>((state = state * 6364136223846793005ull + 1) >> 56);
+  uint32_t expected = ~0u;  // the reflected Castagnoli polynomial, a bit at a time
+  for (uint8_t byte : data) {
+    expected ^= byte;
+    for (int k = 0; k < 8; ++k) expected = (expected & 1) ? (expected >> 1) ^ 0x82F63B78u : expected >> 1;
+  }
+  expected = ~expected;
+  EXPECT_EQ(crc32c(data.data(), data.size()), expected);
+  for (size_t split : {size_t{1}, size_t{4095}, size_t{12288}, size_t{20001}}) {
+    const uint32_t first = crc32c(data.data(), split);
+    EXPECT_EQ(crc32c(data.data() + split, data.size() - split, first), expected) << "split at " << split;
+  }
 }
 
 TEST_F(TokensShardTest, RoundTripsUint16AndUint32) {
