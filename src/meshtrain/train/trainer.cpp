@@ -167,9 +167,13 @@ bool Trainer::start(const runtime::JobFacts& agreed) {
   // The resume point's files were verified when it was found.
   if (resume_dir_)
     checkpoint_weights_.emplace(model::CheckpointTensors::weights(*resume_dir_, model_config, checkpoint::Verify::no));
-  else if (!settings_.checkpoint.init_from.empty())
+  else if (!settings_.checkpoint.init_from.empty()) {
+    const Clock::time_point verify_start = Clock::now();
     checkpoint_weights_.emplace(
         model::CheckpointTensors::weights(settings_.checkpoint.init_from, model_config, checkpoint::Verify::against_marker));
+    log::info("Initial weights from {}: its files checked against the completion marker in {:.2f} s",
+              settings_.checkpoint.init_from, seconds_since(verify_start));
+  }
   initial_values_ = checkpoint_weights_ ? checkpoint_weights_->source()
                                         : model::initial_value_source(model_config, settings_.seed);
   return true;
@@ -193,6 +197,7 @@ void Trainer::finish() {
 DeviceTrainer::DeviceTrainer(Trainer& run, runtime::DeviceContext& ctx)
     : run_(run), settings_(run.settings_), ctx_(ctx), reporter_(ctx.info().local == 0) {
   MT_CHECK(run.metrics_, "Trainer::start() must come before a DeviceTrainer");
+  const Clock::time_point build_start = Clock::now();
   {
     // Built without parameter storage: ParallelModel gives each parameter only this device's pieces.
     const model::ParametersWithoutStorage without_storage;
@@ -202,7 +207,11 @@ DeviceTrainer::DeviceTrainer(Trainer& run, runtime::DeviceContext& ctx)
   }
   optimizer_.emplace(settings_.optimizer, model_->parameter_shards());
   if (run.resume_dir_) load_optimizer_state(*run.resume_dir_, *model_, *optimizer_);
-  if (ctx.device() == 0) log::info("Memory: {}", model_->memory_summary());
+  if (ctx.device() == 0) {
+    log::info("Device 0's parameters ({}) and optimizer state ready in {:.2f} s",
+              run.checkpoint_weights_ ? "read from the checkpoint" : "initialized", seconds_since(build_start));
+    log::info("Memory: {}", model_->memory_summary());
+  }
   // A step's objective averages the load-balancing loss over its micro-batches.
   if (model::RouterStats* router_stats = model_->model().router_stats().get())
     router_stats->set_objective_weight(1.0 / static_cast<double>(settings_.gradient_accumulation_steps));
