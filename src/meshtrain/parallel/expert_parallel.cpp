@@ -27,7 +27,7 @@ struct ExchangePlan : torch::CustomClassHolder {
   std::vector<int64_t> by_expert, back;  // buffer row of each regrouped row, and its inverse
   std::vector<int64_t> remote_per_expert;               // regrouped remote rows per local expert
   std::vector<int64_t> own_first, own_second;           // own rows per local expert, in two halves of the rows
-  int64_t own_offset = 0, own_first_rows = 0;
+  int64_t own_offset = 0, own_rows = 0, own_first_rows = 0;
 
   ExchangePlan(const std::vector<int64_t>& rows_E, const int64_t* from, int size, int me) {
     const int64_t local = static_cast<int64_t>(rows_E.size()) / size;
@@ -55,7 +55,8 @@ struct ExchangePlan : torch::CustomClassHolder {
     back.resize(by_expert.size());
     for (size_t i = 0; i < by_expert.size(); ++i) back[by_expert[i]] = static_cast<int64_t>(i);
     own_offset = send_offset[me];
-    own_first_rows = send_rows[me] / 2;
+    own_rows = send_rows[me];
+    own_first_rows = own_rows / 2;
     int64_t left = own_first_rows;
     for (int64_t j = 0; j < local; ++j) {
       const int64_t rows = rows_E[me * local + j], first = std::min(rows, left);
@@ -65,8 +66,8 @@ struct ExchangePlan : torch::CustomClassHolder {
     }
   }
 
-  // The exchange that carries rows (or their gradients) from the senders' side (`outgoing`, laid out as x_SD) to the
-  // experts' side (`incoming`, the remote buffer), or the way back (reverse).
+  // The exchange that carries rows (or their gradients) from the senders' side (`x_side`, laid out as x_SD) to the
+  // experts' side (`buffer_side`, laid out as the remote buffer) when `to_experts`, else the way back.
   runtime::PendingCollective start(runtime::Comm& comm, const at::Tensor& x_side, const at::Tensor& buffer_side,
                                    bool to_experts, const std::string& what) const {
     std::vector<std::pair<int, at::Tensor>> sends, receives;
@@ -95,7 +96,7 @@ struct OverlappedExpertExchange : torch::autograd::Function<OverlappedExpertExch
     runtime::PendingCollective rows_in = plan->start(*comm, x_SD, remote_RD, true, "routed rows to their experts");
     at::Tensor y_SD = at::empty_like(x_SD);
     model::ExpertActivations first, remote, second;
-    const at::Tensor own_SD = x_SD.narrow(0, plan->own_offset, plan->own_first_rows + sum(plan->own_second));
+    const at::Tensor own_SD = x_SD.narrow(0, plan->own_offset, plan->own_rows);
     own_part(weights, own_SD, y_SD, plan->own_offset, 0, plan->own_first, first);
     rows_in.wait();
     const at::Tensor y_remote_RD =
@@ -141,7 +142,7 @@ struct OverlappedExpertExchange : torch::autograd::Function<OverlappedExpertExch
             .index_select(0, index(plan->back));
     runtime::PendingCollective grads_out =
         plan->start(*comm, grad_x_SD, grad_x_remote_RD, false, "gradients of routed rows back");
-    const int64_t rest = second.x_RD.size(0);
+    const int64_t rest = plan->own_rows - split;
     grad_x_SD.narrow(0, own + split, rest)
         .copy_(model::experts_backward(weights, second, grad_y_SD.narrow(0, own + split, rest), weight_grads));
     grads_out.wait();
