@@ -10,18 +10,29 @@ bound "failure_timeout_s plus a few seconds" is a few seconds here.
 import os
 import re
 import shutil
+import signal
+import subprocess
 import tempfile
 import time
 import unittest
 
 from host_processes import start_job, stop_job, wait_job
-from training_runs import read_losses
+from training_runs import BINARY, read_losses
 
 FAILURE_TIMEOUT_S = 4
 FAST_FAILURE = [f"runtime.failure_timeout_s={FAILURE_TIMEOUT_S}", "runtime.heartbeat_interval_s=0.5"]
 BOUND_S = FAILURE_TIMEOUT_S + 5  # what docs/runtime.md promises: failure_timeout_s plus a few seconds
 TRAIN = ["ici_mesh.fsdp=2", "dcn_mesh.fsdp=2", "global_batch_size=4", "block_size=32", "checkpoint.resume=false",
          "max_steps=40", *FAST_FAILURE]
+
+
+def alive(pid):
+    """Whether process `pid` runs (exited and not yet reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class FailureTest(unittest.TestCase):
@@ -81,6 +92,32 @@ class FailureTest(unittest.TestCase):
         self.assertEqual(hosts[0].exit_code, -9, hosts[0].output[-3000:])
         self.assert_ended(hosts[1], 3, killed_at)
         self.assert_says(hosts[1], r"host 1 (lost contact with|has had no answer from) the job's coordinator")
+
+    def test_a_killed_launcher_takes_its_hosts_with_it(self):
+        # `meshtrain run` killed with SIGKILL cannot stop its hosts (each runs in its own process group): they get
+        # SIGTERM from the kernel when it dies (PR_SET_PDEATHSIG). commcheck repeating its checks would otherwise run
+        # for hours.
+        launcher = subprocess.Popen([BINARY, "run", "--hosts", "2", "--devices-per-host", "1", "--", "commcheck",
+                                     "--iterations", "100000000"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        hosts = []
+        deadline = time.time() + 60
+        while len(hosts) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+            with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
+                hosts = [int(pid) for pid in f.read().split()]
+        self.assertEqual(len(hosts), 2, "the launcher did not start its 2 hosts")
+        time.sleep(3)  # the hosts are checking
+        self.assertEqual([alive(pid) for pid in hosts], [True, True], "the hosts ended before the launcher was killed")
+        launcher.kill()
+        launcher.wait()
+        killed_at = time.time()
+        while any(alive(pid) for pid in hosts) and time.time() - killed_at < BOUND_S:
+            time.sleep(0.1)
+        still = [pid for pid in hosts if alive(pid)]
+        for pid in still:
+            os.kill(pid, signal.SIGKILL)
+        self.assertEqual(still, [], f"hosts still running {BOUND_S} s after their launcher was killed")
 
     def test_death_during_a_save_loses_nothing(self):
         tmp = tempfile.mkdtemp(prefix="meshtrain-failure-")

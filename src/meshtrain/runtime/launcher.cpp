@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -111,6 +112,7 @@ int launch_local(const LocalLaunch& launch) {
   identity.job_secret = control::make_secret();  // fresh for this job's hosts; they get it in their environment
 
   std::vector<HostProcess> hosts(launch.hosts);
+  const pid_t launcher = ::getpid();
   for (int h = 0; h < launch.hosts; ++h) {
     int out_pipe[2], err_pipe[2];
     MT_CHECK(::pipe(out_pipe) == 0 && ::pipe(err_pipe) == 0, "pipe() failed: {}", std::strerror(errno));
@@ -121,6 +123,11 @@ int launch_local(const LocalLaunch& launch) {
       ::dup2(err_pipe[1], STDERR_FILENO);
       for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
       ::setpgid(0, 0);  // its own process group, so a kill reaches what it starts
+      // A launcher that dies without stopping its hosts (SIGKILL) takes them with it: each gets SIGTERM, which a
+      // training host takes as a preemption (it saves and stops). Kept across exec; the launcher may have died
+      // before this line, and then the host stops at once.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) std::_Exit(128 + SIGTERM);
       identity.host = h;
       set_identity_environment(identity);
       std::vector<char*> argv = to_argv(launch.executable, launch.verb_args);
