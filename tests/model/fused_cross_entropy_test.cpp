@@ -167,5 +167,28 @@ TEST(FusedCrossEntropyTest, OutsideGradModeOnlyTheLossIsComputed) {
   EXPECT_EQ(cross_entropy_chunk_rows(int64_t{1} << 30), 1);
 }
 
+// The chunks' log-sum-exp is made a few rows at a time (no second chunk-sized buffer): the loss is still the bits of
+// libtorch's logsumexp over each whole chunk, at a vocabulary the size of a real one (the vectorized kernels' paths)
+// and with chunks of 1 and of 19 rows.
+TEST(FusedCrossEntropyTest, LossIsTheBitsOfLibtorchsLogsumexpPerChunk) {
+  constexpr int64_t N = 41, D = 24, V = 32000;
+  auto gen = at::detail::createCPUGenerator(5);
+  const torch::Tensor hidden_ND = torch::randn({N, D}, gen), weight_VD = torch::randn({V, D}, gen);
+  const torch::Tensor targets_N = torch::randint(0, V, {N}, gen, torch::TensorOptions().dtype(torch::kLong));
+  torch::NoGradGuard no_grad;
+  for (const int64_t chunk_rows : {int64_t{1}, int64_t{19}, N}) {
+    torch::Tensor expected = torch::zeros({}, torch::kFloat32);
+    for (int64_t begin = 0; begin < N; begin += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, N - begin);
+      const torch::Tensor logits_CV = torch::matmul(hidden_ND.narrow(0, begin, rows), weight_VD.t());
+      expected.add_((logits_CV.logsumexp(1, /*keepdim=*/true) -
+                     logits_CV.gather(1, targets_N.narrow(0, begin, rows).unsqueeze(1)))
+                        .sum());
+    }
+    EXPECT_TRUE(torch::equal(fused_cross_entropy_sum(hidden_ND, weight_VD, targets_N, chunk_rows), expected))
+        << "chunks of " << chunk_rows;
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::model

@@ -253,6 +253,65 @@ TEST(LlamaModelTest, GroupedQueryEqualsMultiHeadWithRepeatedKeyValueHeads) {
   EXPECT_TRUE(torch::allclose(gqa.forward(tokens), mha.forward(tokens), 1e-5, 1e-5));
 }
 
+// The MLP keeps only silu's and the product's inputs for backward (llama.cpp, SwiGlu): its output and every gradient
+// are the same bits as autograd's silu(gate) * up.
+TEST(LlamaModelTest, MlpGradientsAreThoseOfAutogradsSiluTimesUp) {
+  LlamaConfig config = small_config(4, 2);
+  config.intermediate_size = 2048;  // tensors of the vectorized kernels' sizes, with a remainder of none
+  LlamaMLP mlp(config);
+  torch::manual_seed(5);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : mlp.parameters()) p.normal_(0, 0.2);
+  }
+  const torch::Tensor x_BTD = torch::randn({2, 7, 32}).requires_grad_(true);
+  const torch::Tensor grad_BTD = torch::randn({2, 7, 32});
+  torch::Tensor y_BTD = mlp.forward(x_BTD);
+  y_BTD.backward(grad_BTD);
+  const torch::Tensor x_grad = x_BTD.grad().clone();
+  std::vector<torch::Tensor> param_grads;
+  for (auto& p : mlp.parameters()) param_grads.push_back(p.grad().clone());
+
+  for (auto& p : mlp.parameters()) p.mutable_grad().reset();
+  x_BTD.mutable_grad().reset();
+  const torch::Tensor reference_BTD = mlp.down_proj->forward(torch::silu(mlp.gate_proj->forward(x_BTD)) *
+                                                             mlp.up_proj->forward(x_BTD));
+  reference_BTD.backward(grad_BTD);
+  EXPECT_TRUE(torch::equal(y_BTD, reference_BTD));
+  EXPECT_TRUE(torch::equal(x_grad, x_BTD.grad()));
+  size_t i = 0;
+  for (auto& p : mlp.parameters()) EXPECT_TRUE(torch::equal(param_grads[i++], p.grad()));
+}
+
+// RMSNorm keeps its input and inverse RMS for backward and computes the normed values again (llama.cpp,
+// WeightTimesNormed): its output and gradients, with its input also used elsewhere (a residual), are the same bits as
+// autograd's over the plain expression.
+TEST(LlamaModelTest, RmsNormGradientsAreThoseOfAutogradsPlainExpression) {
+  RMSNorm norm(768, 1e-5);
+  torch::manual_seed(9);
+  {
+    torch::NoGradGuard no_grad;
+    norm.weight.normal_(1, 0.1);
+  }
+  const torch::Tensor x_BTD = torch::randn({2, 9, 768}).requires_grad_(true);
+  const torch::Tensor grad_BTD = torch::randn({2, 9, 768}), residual_grad_BTD = torch::randn({2, 9, 768});
+  auto run = [&](const torch::Tensor& y_BTD) {
+    ((y_BTD * grad_BTD).sum() + (x_BTD * residual_grad_BTD).sum()).backward();
+    std::pair<torch::Tensor, torch::Tensor> grads{x_BTD.grad().clone(), norm.weight.grad().clone()};
+    x_BTD.mutable_grad().reset();
+    norm.weight.mutable_grad().reset();
+    return grads;
+  };
+  const torch::Tensor y_BTD = norm.forward(x_BTD);
+  const auto [x_grad, weight_grad] = run(y_BTD);
+  const torch::Tensor inverse_rms_BT1 = torch::rsqrt(x_BTD.pow(2).mean(-1, /*keepdim=*/true) + 1e-5);
+  const torch::Tensor reference_BTD = norm.weight * (x_BTD * inverse_rms_BT1);
+  const auto [reference_x_grad, reference_weight_grad] = run(reference_BTD);
+  EXPECT_TRUE(torch::equal(y_BTD, reference_BTD));
+  EXPECT_TRUE(torch::equal(x_grad, reference_x_grad));
+  EXPECT_TRUE(torch::equal(weight_grad, reference_weight_grad));
+}
+
 // A column-parallel q_proj done by hand: two halves of the rows, outputs concatenated.
 class SplitLinear : public Linear {
  public:

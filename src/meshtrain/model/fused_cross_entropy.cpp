@@ -20,6 +20,25 @@ struct ChunkedPass {
   torch::Tensor loss, grad_hidden_ND, grad_weight_VD, grad_logits_NV;
 };
 
+// logits_CV.logsumexp(1, keepdim=true) as ATen computes it (each row's maximum, an infinite one taken as 0, then
+// log(sum(exp(logit - max))) + max), with exp(logit - max) made for kRows rows at a time instead of the whole chunk:
+// each row's sum is the same reduction of the same values (the same bits), and no second [C, V] buffer (33.5 MB at a
+// 32k vocabulary) sits beside the logits at the head's peak.
+torch::Tensor row_logsumexp(const torch::Tensor& logits_CV) {
+  constexpr int64_t kRows = 16;
+  torch::Tensor max_C1 = logits_CV.amax(1, /*keepdim=*/true);
+  max_C1.masked_fill_(max_C1.abs() == std::numeric_limits<float>::infinity(), 0);
+  torch::Tensor sum_C1 = torch::empty_like(max_C1);
+  const int64_t C = logits_CV.size(0);
+  for (int64_t begin = 0; begin < C; begin += kRows) {
+    const int64_t rows = std::min(kRows, C - begin);
+    torch::Tensor sum_R1 = sum_C1.narrow(0, begin, rows);
+    torch::sum_out(sum_R1, (logits_CV.narrow(0, begin, rows) - max_C1.narrow(0, begin, rows)).exp_(), {1},
+                   /*keepdim=*/true);
+  }
+  return sum_C1.log_().add_(max_C1);
+}
+
 ChunkedPass chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& weight_VD,
                          const torch::Tensor& targets_N, int64_t chunk_rows, WeightGradient weight_gradient) {
   torch::NoGradGuard no_grad;
@@ -40,7 +59,7 @@ ChunkedPass chunked_loss(const torch::Tensor& hidden_ND, const torch::Tensor& we
     const torch::Tensor h_CD = gemm_operand(hidden_ND.narrow(0, begin, rows), dtype);
     const torch::Tensor t_C1 = targets_N.narrow(0, begin, rows).unsqueeze(1);
     torch::Tensor logits_CV = torch::matmul(h_CD, compute_weight_VD.t()).to(dtype).to(torch::kFloat32);
-    const torch::Tensor logsumexp_C1 = logits_CV.logsumexp(1, /*keepdim=*/true);
+    const torch::Tensor logsumexp_C1 = row_logsumexp(logits_CV);
     out.loss.add_((logsumexp_C1 - logits_CV.gather(1, t_C1)).sum());
     if (weight_gradient == WeightGradient::none) continue;
     // d loss / d logits = softmax - one_hot(target), computed in the logits' buffer.

@@ -123,17 +123,18 @@ DeviceMemory plan_stage(const settings::Settings& settings, const MemoryLayout& 
     // bf16 compute the bf16 copies of every layer weight that backward keeps.
     d.gathered = 4 * layer + (c == 2 ? 2 * L * layer : 0);
   }
-  // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs, normalized
-  // values and outputs, q/k before and after RoPE, v, the attention output before o_proj, the residual sums, the
-  // MLP's gate, up, silu and product; attention's fp32 log-sum-exp per query head (model/flash_attention.hpp: its
-  // tiles of scores are the threads' scratch, never kept).
+  // Kept for backward per token of one layer, from the ops of model/llama.cpp: the two RMSNorms' inputs and outputs
+  // (their normalized values are computed again in backward), q/k before and after RoPE, v, the attention output
+  // before o_proj, the residual sums, the MLP's gate, up and product (silu(gate) is computed again in backward);
+  // attention's fp32 log-sum-exp per query head (model/flash_attention.hpp: its tiles of scores are the threads'
+  // scratch, never kept).
   // A Mixtral's token goes through k experts, which keep their gate and up projections per slot (model/moe.hpp's
   // ExpertActivations: silu and the product are recomputed in backward), the slot's input and output rows (gathered,
   // exchanged, weighted) and the fp32 router logits and probabilities.
-  const int64_t mlp_kept = m.is_moe() ? 2 * m.num_experts_per_tok * F : 4 * F;
+  const int64_t mlp_kept = m.is_moe() ? 2 * m.num_experts_per_tok * F : 3 * F;
   const int64_t moe_rows = m.is_moe() ? c * 4 * m.num_experts_per_tok * D + 4 * 2 * m.num_local_experts : 0;
   const int64_t per_token_layer =
-      c * (8 * D + (5 * q_out + 7 * kv_out + mlp_kept) / tp) + moe_rows +
+      c * (6 * D + (5 * q_out + 7 * kv_out + mlp_kept) / tp) + moe_rows +
       model::kFlashSavedBytesPerQueryHead * (H / tp);
   // With context parallelism a layer also keeps the whole rows' keys and values it gathered (context_parallel.hpp).
   const int64_t gathered_keys_values = layout.context > 1 ? micro_rows * T * 2 * (kv_out / tp) * c : 0;
