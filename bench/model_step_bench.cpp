@@ -1,5 +1,5 @@
 // model_step_bench.cpp — training-step throughput of meshtrain's Llama against the same model and step in PyTorch
-// eager from Python (bench/model_step_peer.py, same libtorch), in one run, with MFU against the measured matmul peak.
+// eager from Python (bench/model_step_peer.py, same libtorch), in one run, with MFU as the trainer computes it.
 //
 //   build-dir/model_step_bench [--model llama-100m] [--batch 4] [--seq 256] [--threads 2] [--dtype bf16] [--steps 3]
 //                              [--bf16-matmul auto|native|fp32_gemm] [--no-peer] [--trace-dir DIR] [--set KEY=VALUE]
@@ -15,7 +15,9 @@
 // libgomp's idle threads sleeping, as `meshtrain` does (runtime/compute_threads.hpp); the peer inherits the setting.
 //
 // bf16 matmuls run as `meshtrain` runs them (model/compute_matmul.hpp): --bf16-matmul as the config key bf16_matmul,
-// the path printed; MFU divides by the peak of the GEMMs that run (fp32 on the fp32_gemm path). The peer runs
+// the path printed; MFU divides by the peak of the GEMMs that run (fp32 on the fp32_gemm path), decided as the trainer
+// decides it (train::decide_peak_flops: the larger of the CPU's theoretical peak and a measured rate), and is also
+// printed against the theoretical peak alone. The peer runs
 // PyTorch's own bf16 GEMM, ~30x slower than fp32 on a CPU without bf16 instructions: --no-peer leaves it out.
 //
 // --trace-dir DIR: after the timed steps, each side runs `steps` more under libtorch's operator profiler (untimed: the
@@ -24,7 +26,7 @@
 //
 // --set KEY=VALUE (repeatable) overrides the model's config as `meshtrain train` takes it (model.num_local_experts=8:
 // a Mixtral, timed with --no-peer, as the peer writes a dense Llama). --quick: one timed step per side (unless
-// --steps is given) and a shorter peak measurement, about a minute for llama-100m in fp32 with the peer.
+// --steps is given), about a minute for llama-100m in fp32 with the peer.
 //
 // The record opens with a header naming the CPU (model and the flags that decide matmul speed), the commit of the
 // source and the load average before and after the run.
@@ -33,11 +35,11 @@
 #include "meshtrain/config/config.hpp"
 #include "meshtrain/model/compute_matmul.hpp"
 #include "meshtrain/model/llama.hpp"
-#include "meshtrain/model/matmul_peak.hpp"
 #include "meshtrain/model/safetensors.hpp"
 #include "meshtrain/runtime/block_cache_allocator.hpp"
 #include "meshtrain/runtime/compute_threads.hpp"
 #include "meshtrain/train/adamw.hpp"
+#include "meshtrain/train/metrics.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -144,7 +146,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-peer", no_peer, "time meshtrain only (no PyTorch peer, no ratio)");
   bool quick = false;
-  app.add_flag("--quick", quick, "1 timed step per side (unless --steps is given) and a shorter peak measurement");
+  app.add_flag("--quick", quick, "1 timed step per side (unless --steps is given)");
   app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
   CLI11_PARSE(app, argc, argv);
   if (quick && app.count("--steps") == 0) steps = 1;
@@ -234,9 +236,14 @@ int main(int argc, char** argv) {
   }
 
   const torch::Dtype gemm = model::gemm_dtype(dtype);
-  const model::MatmulPeak peak = model::measure_matmul_peak(gemm, 2048, quick ? 0.5 : 2.0);
+  const train::PeakFlops peak = train::decide_peak_flops(0, dtype, threads);
   const double flops_per_token = config.training_flops_per_token(seq);
-  auto mfu = [&](double tokens_per_s) { return 100 * tokens_per_s * flops_per_token / (peak.gflops * 1e9); };
+  auto mfu = [&](double tokens_per_s) { return 100 * tokens_per_s * flops_per_token / peak.flops; };
+  auto of_theoretical = [&](double tokens_per_s) {
+    return peak.theoretical > 0 ? fmt::format(" ({:.1f}% of the theoretical peak)",
+                                              100 * tokens_per_s * flops_per_token / peak.theoretical)
+                                : std::string();
+  };
   const CpuInfo cpu = read_cpu_info();
   std::string report = fmt::format("model_step_bench: CPU {} (SIMD flags: {}), {}; load average (1/5/15 min) "
                                    "before {}, after {}\n", cpu.model.empty() ? "unknown" : cpu.model,
@@ -248,13 +255,14 @@ int main(int argc, char** argv) {
                                    dtype_name, steps);
   if (!bf16_path.empty()) report += fmt::format("  {}\n", bf16_path);
   report +=
-      fmt::format("  meshtrain (C++)       {:9.1f} tokens/s   loss {:.4f}   MFU {:5.1f}%\n", ours, loss, mfu(ours));
+      fmt::format("  meshtrain (C++)       {:9.1f} tokens/s   loss {:.4f}   MFU {:5.1f}%{}\n", ours, loss, mfu(ours),
+                  of_theoretical(ours));
   if (!no_peer)
-    report += fmt::format("  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%\n"
-                          "  ratio meshtrain / PyTorch: {:.2f}x\n", peer, mfu(peer), ours / peer);
+    report += fmt::format("  PyTorch eager (Python){:9.1f} tokens/s                  MFU {:5.1f}%{}\n"
+                          "  ratio meshtrain / PyTorch: {:.2f}x\n", peer, mfu(peer), of_theoretical(peer), ours / peer);
   report += agreement;
-  report += fmt::format("  measured {} matmul peak: {:.1f} GFLOP/s; {:.2f} GFLOP per token (6N + attention)\n"
-                        "  OpenMP ({}): {}\n", gemm == torch::kBFloat16 ? "bf16" : "fp32", peak.gflops,
+  report += fmt::format("  {} ({} GEMMs, {} threads); {:.2f} GFLOP per token (6N + attention)\n"
+                        "  OpenMP ({}): {}\n", peak.describe(), gemm == torch::kBFloat16 ? "bf16" : "fp32", threads,
                         flops_per_token / 1e9, no_peer ? "meshtrain" : "both sides", runtime::openmp_wait_setting());
   std::cout << report;
   return 0;
