@@ -97,10 +97,12 @@ struct PeerResult {
 // Runs the peer on the weights and tokens of `start_file` (written by write_start); nullopt (after printing why)
 // when it fails.
 std::optional<PeerResult> run_peer(const config::LlamaConfig& config, const std::string& start_file, int threads,
-                                   const std::string& dtype_name, int steps, const std::string& trace_dir) {
+                                   const std::string& dtype_name, int steps, const std::string& trace_dir,
+                                   const std::string& peer_environment) {
   const std::string peer_script = std::string(MESHTRAIN_SOURCE_DIR) + "/bench/model_step_peer.py";
   const std::string command = fmt::format(
-      "/usr/bin/python3 {} --config '{}' --start '{}' --threads {} --dtype {} --steps {}", peer_script,
+      "{} /usr/bin/python3 {} --config '{}' --start '{}' --threads {} --dtype {} --steps {}", peer_environment,
+      peer_script,
       config.to_hf_json("float32").dump(), start_file, threads, dtype_name, steps) +
       (trace_dir.empty() ? "" : fmt::format(" --trace '{}/pytorch.json'", trace_dir));
   const std::optional<std::string> output = command_output(command);
@@ -145,6 +147,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "native", "fp32_gemm"}))
       ->capture_default_str();
   app.add_flag("--no-peer", no_peer, "time meshtrain only (no PyTorch peer, no ratio)");
+  std::string peer_malloc = "tcmalloc";
+  app.add_option("--peer-malloc", peer_malloc, "the peer's allocator, as parallel_bench.sh's PEER_MALLOC")
+      ->check(CLI::IsMember({"tcmalloc", "jemalloc", "glibc-tuned", "glibc"}))
+      ->capture_default_str();
   bool quick = false;
   app.add_flag("--quick", quick, "1 timed step per side (unless --steps is given)");
   app.add_option("--trace-dir", trace_dir, "write operator traces of `steps` extra steps of each side here");
@@ -186,6 +192,22 @@ int main(int argc, char** argv) {
   const std::string start_file = (std::filesystem::temp_directory_path() /
                                   fmt::format("model_step_bench_start_{}.safetensors", ::getpid()))
                                      .string();
+  // The peer at its best (BENCHMARKS.md, "The peer's settings"): Debian's tcmalloc by LD_PRELOAD unless told
+  // otherwise; its OpenMP waits are this process's (set above).
+  const std::string lib = "/usr/lib/x86_64-linux-gnu/";
+  const std::string peer_environment =
+      peer_malloc == "tcmalloc"      ? "LD_PRELOAD=" + lib + "libtcmalloc_minimal.so.4"
+      : peer_malloc == "jemalloc"    ? "LD_PRELOAD=" + lib + "libjemalloc.so.2"
+      : peer_malloc == "glibc-tuned" ? "GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+                                       "glibc.malloc.trim_threshold=1099511627776"
+                                     : "";
+  const std::string preload = "LD_PRELOAD=", preloaded = peer_environment.substr(
+                                                    peer_environment.rfind(preload, 0) == 0 ? preload.size() : 0);
+  if (!no_peer && preloaded != peer_environment && !std::filesystem::exists(preloaded)) {
+    std::cerr << "model_step_bench: --peer-malloc " << peer_malloc << " needs " << preloaded
+              << " (bash scripts/setup.sh installs it)\n";
+    return 2;
+  }
   if (!no_peer) write_start(start_file, llama, tokens);
   double timed = 0, loss = 0;
   std::vector<double> losses;  // of every step, the warm-up's first
@@ -214,7 +236,8 @@ int main(int argc, char** argv) {
   double peer = 0;
   std::string agreement;
   if (!no_peer) {
-    const std::optional<PeerResult> result = run_peer(config, start_file, threads, dtype_name, steps, trace_dir);
+    const std::optional<PeerResult> result = run_peer(config, start_file, threads, dtype_name, steps, trace_dir,
+                                                       peer_environment);
     std::filesystem::remove(start_file);
     if (!result) return 1;
     peer = result->tokens_per_s;
@@ -262,8 +285,10 @@ int main(int argc, char** argv) {
                           "  ratio meshtrain / PyTorch: {:.2f}x\n", peer, mfu(peer), of_theoretical(peer), ours / peer);
   report += agreement;
   report += fmt::format("  {} ({} GEMMs, {} threads); {:.2f} GFLOP per token (6N + attention)\n"
-                        "  OpenMP ({}): {}\n", peak.describe(), gemm == torch::kBFloat16 ? "bf16" : "fp32", threads,
-                        flops_per_token / 1e9, no_peer ? "meshtrain" : "both sides", runtime::openmp_wait_setting());
+                        "  OpenMP ({}): {}{}\n", peak.describe(), gemm == torch::kBFloat16 ? "bf16" : "fp32", threads,
+                        flops_per_token / 1e9, no_peer ? "meshtrain" : "both sides", runtime::openmp_wait_setting(),
+                        no_peer ? "" : fmt::format("; the peer's allocator: {} ({})", peer_malloc,
+                                                   peer_environment.empty() ? "glibc's defaults" : peer_environment));
   std::cout << report;
   return 0;
 }
