@@ -7,7 +7,7 @@
 #
 #   bench/context_bench.sh [BUILD_DIR]      default BUILD_DIR: build
 # Environment: ROUNDS=2 STEPS=4 BLOCK=8192 KEEP_DIR= (keep the runs' output folders there)
-# QUICK=1: ROUNDS=1 STEPS=3 BLOCK=2048 (about 2 minutes on 2 cores), the same layouts.
+# QUICK=1: ROUNDS=1 STEPS=3 BLOCK=2048 (19 s on 2 cores at 0a461d9), the same layouts.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=bench/bench_common.sh
