@@ -1,17 +1,11 @@
-// checksum.cpp — CRC-32C with a hardware path (x86 SSE4.2) chosen at run time and a portable table path; files
-// checked through a mapping of their pages.
+// checksum.cpp — CRC-32C with a hardware path (x86 SSE4.2) chosen at run time and a portable table path.
 #include "meshtrain/common/checksum.hpp"
 
 #include "meshtrain/common/error.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <array>
-#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 namespace meshtrain {
@@ -118,36 +112,18 @@ uint32_t crc32c(const void* data, size_t size, uint32_t previous) {
 }
 
 FileChecksum file_crc32c(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MT_USER_CHECK(fd >= 0, "cannot open {}: {}", path.string(), std::strerror(errno));
-  struct stat status {};
-  FileChecksum sum;
-  // A regular file is checked through a read-only mapping of its pages (no copy: as fast as `cat` reads it); anything
-  // else (or a mapping refused) through reads.
-  if (::fstat(fd, &status) == 0 && S_ISREG(status.st_mode) && status.st_size > 0) {
-    const auto size = static_cast<size_t>(status.st_size);
-    void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapped != MAP_FAILED) {
-      ::madvise(mapped, size, MADV_SEQUENTIAL);
-      sum = {size, crc32c(mapped, size)};
-      ::munmap(mapped, size);
-      ::close(fd);
-      return sum;
-    }
-  }
+  std::ifstream in(path, std::ios::binary);
+  MT_USER_CHECK(in, "cannot open {}", path.string());
   std::vector<char> buffer(4 << 20);
-  while (true) {
-    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      const int error = got < 0 ? errno : 0;
-      ::close(fd);
-      MT_USER_CHECK(error == 0, "reading {} failed: {}", path.string(), std::strerror(error));
-      return sum;
-    }
-    sum.crc32c = crc32c(buffer.data(), static_cast<size_t>(got), sum.crc32c);
-    sum.bytes += static_cast<uint64_t>(got);
+  FileChecksum sum;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto got = static_cast<size_t>(in.gcount());
+    sum.crc32c = crc32c(buffer.data(), got, sum.crc32c);
+    sum.bytes += got;
   }
+  MT_USER_CHECK(in.eof(), "reading {} failed", path.string());
+  return sum;
 }
 
 }  // namespace meshtrain
