@@ -99,7 +99,8 @@ class FailureTest(unittest.TestCase):
         # for hours.
         launcher = subprocess.Popen([BINARY, "run", "--hosts", "2", "--devices-per-host", "1", "--", "commcheck",
                                      "--iterations", "100000000"], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=subprocess.DEVNULL, start_new_session=True,
+                                    cwd=tempfile.mkdtemp(prefix="meshtrain-failure-"))  # its outputs/ go there
         hosts = []
         deadline = time.time() + 60
         while len(hosts) < 2 and time.time() < deadline:
