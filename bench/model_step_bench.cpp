@@ -195,15 +195,15 @@ int main(int argc, char** argv) {
   // The peer at its best (BENCHMARKS.md, "The peer's settings"): Debian's tcmalloc by LD_PRELOAD unless told
   // otherwise; its OpenMP waits are this process's (set above).
   const std::string lib = "/usr/lib/x86_64-linux-gnu/";
+  const std::string preloaded = peer_malloc == "tcmalloc"   ? lib + "libtcmalloc_minimal.so.4"
+                                : peer_malloc == "jemalloc" ? lib + "libjemalloc.so.2"
+                                                            : "";
   const std::string peer_environment =
-      peer_malloc == "tcmalloc"      ? "LD_PRELOAD=" + lib + "libtcmalloc_minimal.so.4"
-      : peer_malloc == "jemalloc"    ? "LD_PRELOAD=" + lib + "libjemalloc.so.2"
+      !preloaded.empty()             ? "LD_PRELOAD=" + preloaded
       : peer_malloc == "glibc-tuned" ? "GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
                                        "glibc.malloc.trim_threshold=1099511627776"
                                      : "";
-  const std::string preload = "LD_PRELOAD=", preloaded = peer_environment.substr(
-                                                    peer_environment.rfind(preload, 0) == 0 ? preload.size() : 0);
-  if (!no_peer && preloaded != peer_environment && !std::filesystem::exists(preloaded)) {
+  if (!no_peer && !preloaded.empty() && !std::filesystem::exists(preloaded)) {
     std::cerr << "model_step_bench: --peer-malloc " << peer_malloc << " needs " << preloaded
               << " (bash scripts/setup.sh installs it)\n";
     return 2;
